@@ -1,0 +1,157 @@
+"""Profile: what rules match and what the tuner models (DESIGN.md section 3).
+
+Field paths (``model.params_total``, ``hw.arch``, ...) are the vocabulary of rule conditions,
+so they are kept stable; every field is optional because a profile may describe only part of
+the picture (a GPU without a model, say) and a rule on a missing field simply does not fire.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+ModelArch = Literal["dense", "moe"]
+Attention = Literal["mha", "gqa", "mqa", "mla"]
+HwArch = Literal["ampere", "ada", "hopper", "blackwell", "cdna3", "cpu"]
+Domain = Literal["chat", "code", "math", "mixed"]
+Bound = Literal["memory", "compute"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class WeightBytes(_Strict):
+    bf16: float | None = None  # bytes of all weights stored in bf16
+    fp8: float | None = None  # ... in fp8 (one byte per weight, plus scales)
+    int8: float | None = None  # ... in int8
+    int4: float | None = None  # ... in int4 (half a byte per weight, plus group scales)
+
+
+class KvBytes(_Strict):
+    bf16: float | None = None  # KV-cache bytes per token over all layers, bf16
+    fp8: float | None = None  # ... fp8
+
+
+class Flops(_Strict):
+    prefill: float | None = None  # FLOPs per token for prefill at the profile's mean prompt length
+    decode: float | None = None  # FLOPs per generated token at the profile's mean context
+
+
+class ModelProfile(_Strict):
+    name: str | None = None  # catalogue or folder name, e.g. "Qwen3-8B"
+    family: str | None = None  # qwen3, llama, mistral, gemma2, deepseek_v3, ...
+    arch: ModelArch | None = None  # dense or mixture of experts
+    source: str | None = None  # where the architecture came from (catalogue row, path, ONNX file)
+    params_total: float | None = None  # all parameters, embeddings included
+    params_active: float | None = None  # parameters touched per token (MoE: routed top-k only)
+    num_layers: int | None = None  # decoder layers
+    hidden_size: int | None = None  # model width
+    intermediate_size: int | None = None  # dense MLP width (per expert for MoE: moe_intermediate_size)
+    num_heads: int | None = None  # query heads
+    num_kv_heads: int | None = None  # key/value heads
+    head_dim: int | None = None  # per-head width
+    vocab_size: int | None = None  # tokenizer vocabulary
+    attention: Attention | None = None  # mha / gqa / mqa / mla
+    num_experts: int | None = None  # routed experts per MoE layer (0 for dense)
+    experts_per_token: int | None = None  # routed experts chosen per token
+    max_context: int | None = None  # max_position_embeddings
+    tied_embeddings: bool | None = None  # LM head shares the embedding matrix
+    weight_bytes: WeightBytes | None = None
+    kv_bytes_per_token: KvBytes | None = None
+    flops_per_token: Flops | None = None
+    ops: dict[str, int] | None = None  # operator census of one decoder layer: rmsnorm, swiglu, rope, ...
+
+
+class Measured(_Strict):
+    bandwidth_gbs: float | None = None  # measured device copy bandwidth
+    tflops_bf16: float | None = None  # measured bf16 GEMM throughput
+    tflops_fp16: float | None = None  # measured fp16 GEMM throughput
+    tflops_fp32: float | None = None  # measured fp32 GEMM throughput
+
+
+class PeakTflops(_Strict):
+    bf16: float | None = None  # dense datasheet peak, not the sparse figure
+    fp16: float | None = None
+    fp8: float | None = None
+    int8: float | None = None
+    fp4: float | None = None  # Blackwell NVFP4 / MXFP4 dense
+
+
+class HwProfile(_Strict):
+    name: str | None = None  # catalogue name, e.g. "H100-SXM"
+    vendor: str | None = None  # nvidia / amd / cpu vendor
+    arch: HwArch | None = None  # microarchitecture family
+    sm: int | None = None  # CUDA compute capability x10 (90 = sm_90); 0 for non-CUDA
+    count: int | None = None  # devices available to one server (TP / EP upper bound)
+    memory_gb: float | None = None  # device memory per GPU
+    bandwidth_gbs: float | None = None  # datasheet memory bandwidth
+    peak_tflops: PeakTflops | None = None
+    fp8: bool | None = None  # native FP8 tensor cores (sm_89+, CDNA3)
+    num_sms: int | None = None  # SMs (CUs on AMD, cores on a CPU)
+    l2_mb: float | None = None  # last-level on-chip cache
+    interconnect: str | None = None  # nvlink / pcie / xgmi / none
+    interconnect_gbs: float | None = None  # per-GPU bidirectional interconnect bandwidth
+    measured: Measured | None = None  # microbenchmark ceilings on the local device
+
+
+class Lengths(_Strict):
+    mean: float | None = None
+    p50: float | None = None
+    p99: float | None = None
+
+
+class Slo(_Strict):
+    ttft_ms: float | None = None  # p99 time to first token
+    tpot_ms: float | None = None  # p99 time per output token
+
+
+class Entropy(_Strict):
+    mean: float | None = None  # target's mean next-token entropy (nats) on the workload
+    p90: float | None = None
+
+
+class WorkloadProfile(_Strict):
+    name: str | None = None  # preset or file name
+    domain: Domain | None = None
+    prompt_len: Lengths | None = None  # tokens
+    output_len: Lengths | None = None  # tokens
+    concurrency: int | None = None  # simultaneous requests in flight
+    request_rate: float | None = None  # requests per second (None: closed loop at `concurrency`)
+    slo: Slo | None = None
+    entropy: Entropy | None = None
+    temperature: float | None = None  # sampling temperature (0 = greedy)
+
+
+class AcceptProfile(_Strict):
+    drafter: str | None = None  # which drafter was measured
+    gamma: int | None = None  # block length of the measurement
+    tau: float | None = None  # accepted tokens per round incl. the bonus token at `gamma`
+    tau_at_gamma: dict[str, float] | None = None  # tau per block length, keys are str(gamma)
+    position_acceptance: list[float] | None = None  # P(accept k | accepted k-1), k = 1..gamma
+    confidence_ece: float | None = None  # ECE of calibrated prefix survival
+    source: str | None = None  # "measured: <command>" or "prior: <paper section>"
+
+
+class Derived(_Strict):
+    decode_bound: Bound | None = None  # what bounds decode at workload concurrency on this hw
+    ridge_batch: float | None = None  # batch tokens where decode turns compute-bound
+    weights_fit_bf16: bool | None = None  # bf16 weights fit on one device with KV headroom
+    min_tp_bf16: int | None = None  # smallest TP (power of two) that fits bf16 weights
+    min_tp_fp8: int | None = None  # ... fp8 weights
+
+
+class Profile(_Strict):
+    model: ModelProfile = ModelProfile()
+    hw: HwProfile = HwProfile()
+    workload: WorkloadProfile = WorkloadProfile()
+    accept: AcceptProfile = AcceptProfile()
+    derived: Derived = Derived()
+
+    def content_hash(self) -> str:
+        """Stable hash of the content, used to deduplicate stored profiles."""
+        blob = json.dumps(self.model_dump(mode="json", exclude_none=True), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
