@@ -1,0 +1,184 @@
+"""The engine configuration: one pydantic model, exported by the tuner as `dspark.yaml`.
+
+Nested sections mirror the dotted parameter names of `kb/catalog/params.yaml` (`spec.block_size` is
+`config.spec.block_size`, `batch.max_requests` is `config.batch.max_requests`, `kernel.<name>.<knob>` is
+`config.kernel[name][knob]`), so a tuned parameter set is applied with `apply_params`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dspark_core.errors import DSparkError
+from dspark_core.sampling import SamplingParams
+
+ASSETS = Path(__file__).parent / "assets" / "tiny"  # the committed reference models (build-tiny)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSection(_Section):
+    """The target checkpoint (Hugging Face layout: config.json + *.safetensors + tokenizer.json)."""
+
+    path: str = str(ASSETS / "target")  # target checkpoint folder
+    tokenizer: str | None = None  # tokenizer.json folder if not the checkpoint folder
+    max_seq_len: int = Field(2048, ge=16)  # KV-cache positions per request (prompt + generation + block)
+
+
+class DrafterSection(_Section):
+    """Which drafter proposes tokens and where its weights live."""
+
+    method: Literal["plain", "ar_draft", "ngram", "dspark"] = "ar_draft"  # plain = no speculation
+    path: str | None = str(ASSETS / "draft")  # drafter checkpoint (ar_draft: HF model; dspark: part 2)
+    ngram_max: int = Field(4, ge=1)  # prompt lookup: longest suffix n-gram to match
+    ngram_min: int = Field(1, ge=1)  # prompt lookup: shortest suffix n-gram to match
+
+
+class SpecSection(_Section):
+    """Speculative decoding parameters (`spec.*`)."""
+
+    enabled: bool = True  # speculative decoding on (false = plain decoding)
+    block_size: int = Field(7, ge=1, le=16)  # gamma: draft tokens proposed per round
+    head: Literal["none", "markov", "rnn"] = "markov"  # sequential head on the parallel backbone
+    scheduler: Literal["verify_all", "threshold", "prefix", "async_topk"] = "verify_all"  # verify length
+    confidence_threshold: float = Field(0.5, ge=0.0, le=1.0)  # threshold scheduler: min prefix survival
+    max_verify_tokens: int = Field(16, ge=1, le=16)  # cap on verified draft tokens per request and round
+    fallback_acceptance: float = Field(0.0, ge=0.0, le=1.0)  # rolling acceptance floor for plain fallback
+    draft_layers: int = Field(2, ge=1, le=8)  # transformer layers in the parallel draft backbone
+    markov_rank: int = Field(256, ge=16, le=1024)  # rank r of the Markov head's bigram bias
+    draft_kv_dtype: Literal["auto", "bf16", "fp8"] = "auto"  # dtype of the drafter's context KV
+    sps_path: str | None = None  # SGLang SpsCostTable JSON (prefix scheduler); None = profile at start
+    sts_path: str | None = None  # SGLang DSparkStsCalibration JSON (confidence temperatures)
+
+
+class BatchSection(_Section):
+    """Batching (`batch.*`)."""
+
+    max_requests: int = Field(8, ge=1, le=4096)  # max running requests per step
+    max_tokens: int = Field(8192, ge=64, le=1048576)  # token budget per forward (prefill + decode tokens)
+    timeout_ms: float = Field(0.0, ge=0.0, le=1000.0)  # how long the batcher waits to fill a batch
+    chunked_prefill: int = Field(0, ge=0, le=65536)  # prefill chunk size in tokens (0 = off)
+    cuda_graph_max_bs: int = Field(0, ge=0, le=1024)  # largest batch captured in a CUDA graph (0 = none)
+
+
+class MemorySection(_Section):
+    """Memory (`memory.*`)."""
+
+    fraction_static: float = Field(0.85, ge=0.3, le=0.98)  # fraction of GPU memory for weights + KV pool
+
+
+class KVSection(_Section):
+    """KV cache (`kv.*`)."""
+
+    dtype: Literal["auto", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2"] = "auto"  # KV dtype (auto = weights')
+
+
+class WeightsSection(_Section):
+    """Weights (`weights.*`)."""
+
+    dtype: Literal["auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4", "nvfp4"] = "auto"  # auto: fp32 CPU
+
+
+class AttentionSection(_Section):
+    """Attention kernels (`attention.*`)."""
+
+    backend: Literal["torch", "triton", "flashinfer", "fa3", "fa4", "trtllm_mha", "aiter"] = "torch"  # impl
+
+
+class ParallelSection(_Section):
+    """Parallelism (`parallel.*`); the bundled engine runs tp = ep = dp = 1, serving stacks use the rest."""
+
+    tp: int = Field(1, ge=1, le=64)  # tensor-parallel size
+    ep: int = Field(1, ge=1, le=64)  # expert-parallel size (MoE)
+    dp: int = Field(1, ge=1, le=64)  # data-parallel replicas
+
+
+class EngineConfig(_Section):
+    """The whole engine config (= dspark.yaml)."""
+
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    seed: int = 0  # global seed (model init, sampling defaults)
+    model: ModelSection = Field(default_factory=ModelSection)  # target checkpoint
+    drafter: DrafterSection = Field(default_factory=DrafterSection)  # draft method and weights
+    spec: SpecSection = Field(default_factory=SpecSection)  # speculative decoding (spec.*)
+    batch: BatchSection = Field(default_factory=BatchSection)  # batching (batch.*)
+    memory: MemorySection = Field(default_factory=MemorySection)  # memory (memory.*)
+    kv: KVSection = Field(default_factory=KVSection)  # KV cache (kv.*)
+    weights: WeightsSection = Field(default_factory=WeightsSection)  # weights (weights.*)
+    attention: AttentionSection = Field(default_factory=AttentionSection)  # attention (attention.*)
+    parallel: ParallelSection = Field(default_factory=ParallelSection)  # parallelism (parallel.*)
+    kernel: dict[str, dict[str, int]] = Field(default_factory=dict)  # kernel.<name>.<knob> Triton configs
+    fusion: dict[str, bool] = Field(default_factory=dict)  # fusion.<pattern>: fuse this operator pattern
+    sampling: SamplingParams = Field(default_factory=SamplingParams)  # default sampling of `generate`
+
+
+def apply_params(config: EngineConfig, params: dict[str, Any]) -> EngineConfig:
+    """A copy of `config` with dotted parameters set, e.g. `{"spec.block_size": 7, "kernel.k.BLOCK": 64}`."""
+    data = config.model_dump()
+    for name, value in params.items():
+        parts = name.split(".")
+        node = data
+        for part in parts[:-1]:
+            if part in ("kernel", "fusion") and part == parts[0]:
+                node = node.setdefault(part, {})
+                continue
+            if not isinstance(node, dict) or part not in node:
+                raise DSparkError(f"unknown engine parameter {name!r}: no section {part!r}")
+            node = node[part]
+        if parts[0] not in ("kernel", "fusion") and parts[-1] not in node:
+            raise DSparkError(f"unknown engine parameter {name!r}; see dspark_core/config.py for the fields")
+        node[parts[-1]] = value
+    return _validate(data, "parameters")
+
+
+def _validate(data: Any, where: str) -> EngineConfig:
+    try:
+        return EngineConfig.model_validate(data or {})
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        msg = f"bad engine config in {where}: {loc}: {err['msg']} (fix the value or remove the key)"
+        raise DSparkError(msg) from None
+
+
+def load_config(path: str | os.PathLike[str]) -> EngineConfig:
+    """Read a dspark.yaml; one-line DSparkError for a missing file, bad YAML or a bad field."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise DSparkError(f"engine config {p} not found; export one with `tune` or write a dspark.yaml")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise DSparkError(f"engine config {p}{line} is not valid YAML; fix the syntax") from None
+    if data is not None and not isinstance(data, dict):
+        raise DSparkError(f"engine config {p} must be a YAML mapping of sections (spec:, batch:, ...)")
+    return _validate(data, str(p))
+
+
+def save_config(config: EngineConfig, path: str | os.PathLike[str]) -> Path:
+    """Write `config` as YAML atomically (temp file + os.replace); returns the path."""
+    import yaml
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p

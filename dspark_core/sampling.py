@@ -1,0 +1,69 @@
+"""Sampling parameters and the one sampling transform shared by target and drafters.
+
+Lossless rejection sampling needs the draft distribution q and the target distribution p to be built by
+the same transform (temperature, then top-k, then top-p), so every component calls `sampling_probs`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import torch
+
+
+class SamplingParams(BaseModel):
+    """How one request samples; temperature 0 is greedy (argmax, no randomness)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(0.0, ge=0.0)  # 0 = greedy; > 0 divides the logits before softmax
+    top_k: int = Field(0, ge=0)  # keep the k most likely tokens (0 = off)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)  # keep the smallest set with cumulative probability >= p
+    max_new_tokens: int = Field(64, ge=1)  # generation budget per request
+    seed: int = 0  # per-request generator seed (request i uses seed + i)
+    ignore_eos: bool = False  # keep generating past EOS (benchmarks with a fixed length)
+    stop_token_ids: list[int] | None = None  # extra stop tokens; None = only the tokenizer's EOS
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding is deterministic argmax."""
+        return self.temperature == 0.0
+
+
+def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits [..., V] -> probabilities [..., V] (float32) after temperature, top-k and top-p.
+
+    Greedy (temperature 0) returns the one-hot distribution of the argmax, so greedy verification is the
+    special case of rejection sampling with point masses.
+    """
+    import torch
+
+    logits = logits.float()
+    if params.greedy:
+        out = torch.zeros_like(logits)
+        return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    logits = logits / params.temperature
+    vocab = logits.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # [..., V]
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass strictly before each token
+        drop_sorted = before >= params.top_p  # the top token always has before = 0 and stays
+        drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """probs [..., V] -> sampled token ids [...] (long); argmax when the distribution is a point mass."""
+    import torch
+
+    flat = probs.reshape(-1, probs.shape[-1])
+    ids = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
+    return ids.reshape(probs.shape[:-1])
