@@ -1,0 +1,166 @@
+"""One SQLAlchemy URL for everything: engine + sessions, created and migrated on first use.
+
+Default: a SQLite file in the user's data directory (WAL mode). `--db URL` / $DSPARK_DB select
+another, e.g. ``postgresql+psycopg://user@host/db``. Alembic owns the schema: a new database is
+created at head, an older one is upgraded, a newer one is refused.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event, inspect, text
+from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from kb.errors import KBError
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def default_url() -> str:
+    """SQLite file under $XDG_DATA_HOME (or ~/.local/share)/dspark-tune/."""
+    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "dspark-tune"
+    return f"sqlite:///{base / 'kb.sqlite'}"
+
+
+def resolve_url(url: str | None) -> str:
+    return url or os.environ.get("DSPARK_DB") or default_url()
+
+
+def _redact(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+@cache
+def _alembic_revisions() -> tuple[str, tuple[str, ...]]:
+    """(head revision, every known revision) from the migration scripts."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(_alembic_config())
+    return script.get_current_head() or "", tuple(r.revision for r in script.walk_revisions())
+
+
+def _alembic_config():  # -> alembic.config.Config
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    return cfg
+
+
+@dataclass
+class Database:
+    """An engine on one URL plus a session factory; use `session()` for one transaction."""
+
+    url: str
+    engine: Engine
+    sessions: sessionmaker[Session]
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """One transaction: committed on success, rolled back on any error (nothing half-applied)."""
+        with self.sessions() as s:
+            try:
+                yield s
+                s.commit()
+            except BaseException:
+                s.rollback()
+                raise
+
+    def revision(self) -> str | None:
+        with self.engine.connect() as conn:
+            if not inspect(conn).has_table("alembic_version"):
+                return None
+            return conn.execute(text("select version_num from alembic_version")).scalar()
+
+    def migrate(self) -> tuple[str | None, str]:
+        """Upgrade to head; returns (revision before, revision after). Refuses a newer database."""
+        from alembic import command
+
+        head, known = _alembic_revisions()
+        before = self.revision()
+        if before is not None and before not in known:
+            raise KBError(f"database {_redact(self.url)} has schema revision {before!r}, newer than this "
+                          f"dspark-tune knows (head {head!r}); upgrade dspark-tune or use another --db")
+        if before != head:
+            with self.engine.begin() as conn:
+                if before is None and _has_foreign_tables(conn):
+                    raise KBError(f"database {_redact(self.url)} holds tables that are not dspark-tune's; "
+                                  "use an empty database or another --db")
+                cfg = _alembic_config()
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+        return before, head
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _has_foreign_tables(conn) -> bool:
+    names = set(inspect(conn).get_table_names())
+    return bool(names - {"alembic_version"}) and "rules" not in names
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.close()
+
+
+def open_db(url: str | None = None, migrate: bool = True) -> Database:
+    """Connect to the knowledge base, creating and migrating it on first use.
+
+    Every failure a user can cause (bad URL, unreachable server, corrupted file, newer schema)
+    becomes a one-line KBError naming the database and what to do.
+    """
+    url = resolve_url(url)
+    shown = _redact(url)
+    try:
+        if url.startswith("sqlite"):
+            path = url.split("///", 1)[1] if "///" in url else ""
+            if path and path != ":memory:":
+                try:
+                    Path(path).parent.mkdir(parents=True, exist_ok=True)
+                except OSError as e:
+                    raise KBError(f"cannot create the folder for {shown}: {e.strerror}; pass --db with a "
+                                  "writable path") from None
+            engine = create_engine(url, connect_args={"timeout": 30})
+            event.listen(engine, "connect", _sqlite_pragmas)
+        else:
+            engine = create_engine(url, pool_pre_ping=True)
+    except (ArgumentError, NoSuchModuleError) as e:
+        raise KBError(f"invalid database URL {shown!r}: {str(e).splitlines()[0]}; use e.g. "
+                      "sqlite:///path/kb.sqlite or postgresql+psycopg://user@host/db") from None
+    except ModuleNotFoundError as e:
+        raise KBError(f"database driver {e.name!r} for {shown} is not installed; pip install "
+                      "'dspark-tune[postgres]' for PostgreSQL") from None
+    db = Database(url, engine, sessionmaker(engine, expire_on_commit=False))
+    try:
+        if migrate:
+            db.migrate()
+        else:
+            db.revision()
+    except KBError:
+        engine.dispose()
+        raise
+    except (OperationalError, DatabaseError) as e:
+        engine.dispose()
+        reason = str(getattr(e, "orig", e)).strip().splitlines()[0] if str(getattr(e, "orig", e)).strip() else ""
+        hint = ("the file is not a valid SQLite database (corrupted?): move it away or pass another --db"
+                if url.startswith("sqlite") and "not a database" in reason
+                else "check that the server is running and the URL is right")
+        raise KBError(f"cannot use database {shown}: {reason}; {hint}") from None
+    return db

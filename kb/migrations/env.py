@@ -1,0 +1,10 @@
+"""Alembic environment: run with the connection kb.db hands over (no alembic.ini needed)."""
+
+from alembic import context
+
+from kb.models import Base
+
+connection = context.config.attributes["connection"]
+context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)
+with context.begin_transaction():
+    context.run_migrations()
