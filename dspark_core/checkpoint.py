@@ -1,0 +1,172 @@
+"""Load and save Hugging Face-format checkpoints (config.json + *.safetensors + tokenizer.json).
+
+The lean model fuses q/k/v and gate/up projections; this module maps between those and the per-projection
+tensors of the Hugging Face layout, so a checkpoint written here loads in transformers and vice versa.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dspark_core.arch import ArchConfig
+from dspark_core.errors import DSparkError
+
+if TYPE_CHECKING:
+    import torch
+
+    from dspark_core.model import LeanModel
+
+DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
+          "fp16": "float16", "float16": "float16"}  # config spellings -> torch dtype names
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'cuda' when available, else 'cpu'."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise DSparkError(f"device {device!r} requested but CUDA is not available; use device: cpu")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    """'auto' -> fp32 on CPU, bf16 on CUDA; quantised weight dtypes are not run by the bundled engine."""
+    import torch
+
+    if dtype == "auto":
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    if dtype not in DTYPES:
+        raise DSparkError(f"weights.dtype {dtype!r} is not run by the bundled engine; use auto, fp32, bf16, fp16")
+    return getattr(torch, DTYPES[dtype])
+
+
+def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else []
+    if not files:
+        files = sorted(p.name for p in folder.glob("*.safetensors"))
+    if not files:
+        raise DSparkError(f"no *.safetensors in {folder}; export the checkpoint in safetensors format")
+    out: dict[str, torch.Tensor] = {}
+    for name in files:
+        out.update(load_file(str(folder / name)))
+    return out
+
+
+def load_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> LeanModel:
+    """Build a LeanModel from a Hugging Face checkpoint folder, in eval mode on `device`."""
+    import torch
+
+    from dspark_core.model import LeanModel
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise DSparkError(f"checkpoint folder {folder} not found; run `python cli.py build-tiny` or fix the path")
+    arch = ArchConfig.from_file(folder)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    sd = _read_tensors(folder)
+    with torch.device("meta"):
+        model = LeanModel(arch)
+    model = model.to_empty(device=dev)
+    mine: dict[str, torch.Tensor] = {}
+    try:
+        mine["embed.weight"] = sd["model.embed_tokens.weight"]
+        mine["norm.weight"] = sd["model.norm.weight"]
+        mine["lm_head.weight"] = sd["model.embed_tokens.weight" if arch.tie_word_embeddings else "lm_head.weight"]
+        for i in range(arch.num_hidden_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            mine[f"layers.{i}.input_norm.weight"] = sd[p + "input_layernorm.weight"]
+            mine[f"layers.{i}.post_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
+            mine[f"layers.{i}.qkv.weight"] = torch.cat([sd[a + f"{x}_proj.weight"] for x in "qkv"])
+            if arch.attention_bias:
+                mine[f"layers.{i}.qkv.bias"] = torch.cat([sd[a + f"{x}_proj.bias"] for x in "qkv"])
+            mine[f"layers.{i}.o.weight"] = sd[a + "o_proj.weight"]
+            if arch.qk_norm:
+                mine[f"layers.{i}.q_norm.weight"] = sd[a + "q_norm.weight"]
+                mine[f"layers.{i}.k_norm.weight"] = sd[a + "k_norm.weight"]
+            gate, up = sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]
+            mine[f"layers.{i}.gate_up.weight"] = torch.cat([gate, up])
+            mine[f"layers.{i}.down.weight"] = sd[p + "mlp.down_proj.weight"]
+    except KeyError as e:
+        raise DSparkError(f"checkpoint {folder} lacks tensor {e}; is it a {arch.model_type} decoder?") from None
+    model.load_state_dict({k: v.to(dt) for k, v in mine.items()}, strict=False)
+    if arch.tie_word_embeddings:
+        model.lm_head.weight = model.embed.weight
+    from dspark_core.model import rope_inv_freq
+
+    model.inv_freq = rope_inv_freq(arch).to(dev)
+    return model.to(dt).eval()
+
+
+def hf_state_dict(model: LeanModel) -> dict[str, torch.Tensor]:
+    """The model's weights under Hugging Face names (q/k/v and gate/up split again)."""
+    a = model.arch
+    nq, nkv = a.num_attention_heads * a.head_dim, a.num_key_value_heads * a.head_dim
+    sd: dict[str, torch.Tensor] = {"model.embed_tokens.weight": model.embed.weight,
+                                   "model.norm.weight": model.norm.weight}
+    if not a.tie_word_embeddings:
+        sd["lm_head.weight"] = model.lm_head.weight
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        q, k, v = layer.qkv.weight.split([nq, nkv, nkv])
+        sd |= {p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k, p + "self_attn.v_proj.weight": v}
+        if layer.qkv.bias is not None:
+            qb, kb, vb = layer.qkv.bias.split([nq, nkv, nkv])
+            sd |= {p + "self_attn.q_proj.bias": qb, p + "self_attn.k_proj.bias": kb, p + "self_attn.v_proj.bias": vb}
+        sd[p + "self_attn.o_proj.weight"] = layer.o.weight
+        if layer.q_norm is not None and layer.k_norm is not None:
+            sd[p + "self_attn.q_norm.weight"] = layer.q_norm.weight
+            sd[p + "self_attn.k_norm.weight"] = layer.k_norm.weight
+        sd[p + "input_layernorm.weight"] = layer.input_norm.weight
+        sd[p + "post_attention_layernorm.weight"] = layer.post_norm.weight
+        gate, up = layer.gate_up.weight.chunk(2)
+        sd[p + "mlp.gate_proj.weight"] = gate
+        sd[p + "mlp.up_proj.weight"] = up
+        sd[p + "mlp.down_proj.weight"] = layer.down.weight
+    return sd
+
+
+def save_model(model: LeanModel, path: str | Path, dtype: str = "bf16", tokenizer_file: Path | None = None) -> Path:
+    """Write config.json + model.safetensors (+ tokenizer.json) atomically into folder `path`."""
+    import torch
+    from safetensors.torch import save_file
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        dt = getattr(torch, DTYPES[dtype])
+        tensors = {k: v.detach().to("cpu", dt).contiguous() for k, v in hf_state_dict(model).items()}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        cfg = model.arch.to_hf_dict() | {"dtype": DTYPES[dtype], "torch_dtype": DTYPES[dtype]}
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        if tokenizer_file is not None:
+            shutil.copy(tokenizer_file, tmp / "tokenizer.json")
+            eos = model.arch.eos_ids
+            tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": a_max(model)}
+            if eos:
+                tok_cfg["eos_token"] = "<|endoftext|>"
+            (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def a_max(model: LeanModel) -> int:
+    """Longest context of the model (tokenizer_config's model_max_length)."""
+    return model.arch.max_position_embeddings

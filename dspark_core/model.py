@@ -1,0 +1,251 @@
+"""The lean target runner: a gpt-fast-style decoder forward over a preallocated, slot-indexed KV cache.
+
+* One module for Qwen3 / Qwen2 / Llama / Mistral (they differ by q/k-norm, qkv bias and RoPE scaling).
+* `forward(tokens [B, T], cache, slots, n_new)`: B requests, each appending up to T tokens at its own
+  position (rows padded to T). Returns logits of every new position and, optionally, the hidden states of
+  chosen decoder layers (the DSpark drafter conditions on them).
+* KV cache: one preallocated tensor pair per layer `[slots, max_len, kv_heads, head_dim]` and one length per
+  slot. Rolling back rejected tokens is `cache.truncate(slot, n)`: O(1), nothing is copied or freed.
+  Padded rows and rejected tokens leave garbage past the length that the next real tokens overwrite before
+  any query can see it (a query at position p only attends keys <= p, all written by then).
+* `forward_full(tokens [B, T])`: plain causal forward without a cache (training, reference checks).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dspark_core.arch import ArchConfig
+
+
+class RMSNorm(nn.Module):
+    """y = x / rms(x) * w, computed in fp32 like the reference implementations."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_inv_freq(arch: ArchConfig) -> torch.Tensor:
+    """[head_dim / 2] inverse frequencies, with llama3-style scaling when the checkpoint asks for it."""
+    d = arch.head_dim
+    inv = 1.0 / (arch.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    sc = arch.rope_scaling
+    if sc and sc.get("rope_type", sc.get("type")) == "llama3":
+        factor, low, high = float(sc["factor"]), float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+        old = float(sc["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / low, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = (wavelen >= old / high) & (wavelen <= old / low)
+        inv = torch.where(is_medium, smoothed, scaled)
+    elif sc and sc.get("rope_type", sc.get("type")) == "linear":
+        inv = inv / float(sc["factor"])
+    return inv
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, heads, hd] rotated by cos/sin [B, T, 1, hd] (rotate-half convention)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+@dataclass
+class KVCache:
+    """Preallocated per-layer K/V for `slots` requests of up to `max_len` positions each."""
+
+    k: list[torch.Tensor]  # per layer [slots, max_len, kv_heads, head_dim]
+    v: list[torch.Tensor]  # per layer [slots, max_len, kv_heads, head_dim]
+    lens: torch.Tensor  # [slots] long (CPU): committed positions per slot
+
+    @property
+    def max_len(self) -> int:
+        """Positions per slot (including the margin for a padded block)."""
+        return self.k[0].shape[1]
+
+    def truncate(self, slot: int, length: int) -> None:
+        """O(1) rollback: keep the first `length` positions of `slot`."""
+        self.lens[slot] = length
+
+    def length(self, slot: int) -> int:
+        """Committed positions of `slot`."""
+        return int(self.lens[slot])
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention + SwiGLU MLP with fused qkv and gate/up projections."""
+
+    def __init__(self, a: ArchConfig) -> None:
+        super().__init__()
+        self.nh, self.nkv, self.hd = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+        self.input_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.qkv = nn.Linear(a.hidden_size, (self.nh + 2 * self.nkv) * self.hd, bias=a.attention_bias)
+        self.o = nn.Linear(self.nh * self.hd, a.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.hd, a.rms_norm_eps) if a.qk_norm else None
+        self.k_norm = RMSNorm(self.hd, a.rms_norm_eps) if a.qk_norm else None
+        self.post_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.gate_up = nn.Linear(a.hidden_size, 2 * a.intermediate_size, bias=False)
+        self.down = nn.Linear(a.intermediate_size, a.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, T, H]
+        cos: torch.Tensor,  # [B, T, 1, hd]
+        sin: torch.Tensor,  # [B, T, 1, hd]
+        kv: tuple[torch.Tensor, torch.Tensor] | None,  # cache tensors of this layer
+        write: tuple[torch.Tensor, torch.Tensor] | None,  # (slot index [B, T], positions [B, T])
+        read: tuple[torch.Tensor | int, int] | None,  # (slots [B] or one slot int, keys to read Lk)
+        mask: torch.Tensor | None,  # [B, 1, T, Lk] bool (True = attend) or None = causal over T
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        h = self.input_norm(x)
+        q, k, v = self.qkv(h).split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
+        q = q.view(b, t, self.nh, self.hd)
+        k = k.view(b, t, self.nkv, self.hd)
+        v = v.view(b, t, self.nkv, self.hd)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv is not None and write is not None and read is not None:
+            kc, vc = kv
+            kc[write] = k.to(kc.dtype)  # scatter the new keys at each request's positions
+            vc[write] = v.to(vc.dtype)
+            slots, lk = read
+            keys = kc[slots, :lk] if isinstance(slots, int) else kc[slots, :lk]  # [B?, Lk, nkv, hd]
+            vals = vc[slots, :lk] if isinstance(slots, int) else vc[slots, :lk]
+            if isinstance(slots, int):
+                keys, vals = keys.unsqueeze(0), vals.unsqueeze(0)
+            keys, vals = keys.to(q.dtype).transpose(1, 2), vals.to(q.dtype).transpose(1, 2)  # [B, nkv, Lk, hd]
+            attn = F.scaled_dot_product_attention(
+                q.transpose(1, 2), keys, vals, attn_mask=mask, enable_gqa=self.nkv != self.nh
+            )
+        else:
+            attn = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                enable_gqa=self.nkv != self.nh,
+            )
+        x = x + self.o(attn.transpose(1, 2).reshape(b, t, self.nh * self.hd))
+        gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+@dataclass
+class ForwardOut:
+    """Result of a cached forward."""
+
+    logits: torch.Tensor  # [B, T, V] (or [B, 1, V] with last_only) float32
+    hidden: torch.Tensor | None  # [B, T, len(hidden_layers) * H] hidden states of the chosen layers
+
+
+class LeanModel(nn.Module):
+    """A Qwen3 / Qwen2 / Llama / Mistral decoder; build with `load_model` or `LeanModel(arch)`."""
+
+    def __init__(self, arch: ArchConfig) -> None:
+        super().__init__()
+        self.arch = arch
+        self.embed = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(arch) for _ in range(arch.num_hidden_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        if arch.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.register_buffer("inv_freq", rope_inv_freq(arch), persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Weight dtype."""
+        return self.embed.weight.dtype
+
+    def new_cache(self, slots: int, max_len: int, dtype: torch.dtype | None = None, margin: int = 32) -> KVCache:
+        """Allocate a KV cache for `slots` requests of `max_len` positions (+ `margin` for padded blocks)."""
+        a = self.arch
+        shape = (slots, max_len + margin, a.num_key_value_heads, a.head_dim)
+        dt = dtype or self.dtype
+        k = [torch.zeros(shape, dtype=dt, device=self.device) for _ in range(a.num_hidden_layers)]
+        v = [torch.zeros(shape, dtype=dt, device=self.device) for _ in range(a.num_hidden_layers)]
+        return KVCache(k=k, v=v, lens=torch.zeros(slots, dtype=torch.long))
+
+    def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """pos [B, T] -> cos, sin [B, T, 1, hd] in the activation dtype."""
+        freqs = pos.to(self.inv_freq.device).float()[..., None] * self.inv_freq  # [B, T, hd/2]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    def _collect(self, x: torch.Tensor, i: int, layers: tuple[int, ...], out: dict[int, torch.Tensor]) -> None:
+        if i in layers:
+            out[i] = x
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [B, T] long, rows padded past n_new[b]
+        cache: KVCache,
+        slots: list[int],  # [B] cache slot of each row
+        n_new: list[int] | None = None,  # [B] real tokens per row (default: all T)
+        hidden_layers: tuple[int, ...] = (),  # decoder layers whose outputs to return (concatenated)
+        last_only: bool = False,  # return only the logits of each row's last real token
+    ) -> ForwardOut:
+        """Append each row's tokens to its slot, attend to the slot's history, return logits (+ hidden)."""
+        b, t = tokens.shape
+        n_new = n_new if n_new is not None else [t] * b
+        starts = cache.lens[slots]  # [B] long (CPU)
+        pos = starts[:, None] + torch.arange(t)[None, :]  # [B, T]
+        lk = int(starts.max()) + t
+        if lk > cache.max_len:
+            raise ValueError(f"KV cache overflow: {lk} positions > {cache.max_len}; raise model.max_seq_len")
+        dev = self.device
+        pos_d = pos.to(dev)
+        slot_t = torch.tensor(slots, device=dev)
+        write = (slot_t[:, None].expand(b, t), pos_d)
+        read: tuple[torch.Tensor | int, int] = (slots[0] if b == 1 else slot_t, lk)
+        mask = None
+        if t > 1 or b > 1:
+            mask = (torch.arange(lk, device=dev)[None, None, :] <= pos_d[:, :, None])[:, None]  # [B, 1, T, Lk]
+        cos, sin = self._rope(pos_d)
+        x = self.embed(tokens.to(dev))
+        caught: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, (cache.k[i], cache.v[i]), write, read, mask)
+            self._collect(x, i, hidden_layers, caught)
+        for r, s in enumerate(slots):
+            cache.lens[s] = int(starts[r]) + n_new[r]
+        if last_only:
+            idx = torch.tensor([n - 1 for n in n_new], device=dev)
+            x = x[torch.arange(b, device=dev), idx][:, None]  # [B, 1, H]
+        logits = self.lm_head(self.norm(x)).float()
+        hidden = torch.cat([caught[i] for i in hidden_layers], dim=-1) if hidden_layers else None
+        return ForwardOut(logits=logits, hidden=hidden)
+
+    def forward_full(
+        self, tokens: torch.Tensor, hidden_layers: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Causal forward without a cache (differentiable): tokens [B, T] -> logits [B, T, V], hidden."""
+        b, t = tokens.shape
+        pos = torch.arange(t, device=self.device)[None].expand(b, t)
+        cos, sin = self._rope(pos)
+        x = self.embed(tokens)
+        caught: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, None, None, None, None)
+            self._collect(x, i, hidden_layers, caught)
+        hidden = torch.cat([caught[i] for i in hidden_layers], dim=-1) if hidden_layers else None
+        return self.lm_head(self.norm(x)), hidden
