@@ -1,0 +1,47 @@
+"""Shared fixtures: a fresh knowledge-base URL on SQLite, and on PostgreSQL when CI provides one."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+PG_URL = os.environ.get("DSPARK_TEST_PG_URL")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_db(tmp_path, monkeypatch) -> None:
+    """Never touch the user's real knowledge base from a test."""
+    monkeypatch.setenv("DSPARK_DB", f"sqlite:///{tmp_path / 'kb.sqlite'}")
+    monkeypatch.delenv("DSPARK_RULES", raising=False)
+
+
+def _pg_database() -> Iterator[str]:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"dspark_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request, tmp_path) -> Iterator[str]:
+    """A URL of an empty database, once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'kb-test.sqlite'}"
+        return
+    if not PG_URL:
+        if os.environ.get("CI"):
+            pytest.fail("CI must export DSPARK_TEST_PG_URL (see .ci/run)")
+        pytest.skip("no PostgreSQL here: set DSPARK_TEST_PG_URL (CI does)")
+    yield from _pg_database()
