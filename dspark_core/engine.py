@@ -1,0 +1,247 @@
+"""The engine: `Engine(config).generate(prompts, sampling) -> Generation(outputs, stats)`.
+
+Continuous batching over `batch.max_requests` KV slots. Each decode step is one speculative round for
+every running request (see `drafters/base.py` for the contract): draft, let the scheduler pick the verify
+length, verify with one target forward, accept losslessly, roll the KV caches back in O(1).
+Plain decoding is the same loop with no drafter (block length 0).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from dspark_core.config import EngineConfig
+from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult, VerifyAll, VerifyScheduler
+from dspark_core.errors import DSparkError
+from dspark_core.sampling import SamplingParams, sampling_probs
+from dspark_core.stats import GenStats
+from dspark_core.verify import verify_greedy_batch, verify_sampling
+
+if TYPE_CHECKING:
+    from dspark_core.model import LeanModel
+    from dspark_core.tokenizer import Tokenizer
+
+
+@dataclass
+class Output:
+    """One request's result."""
+
+    prompt_tokens: int  # prompt length in tokens
+    token_ids: list[int]  # generated tokens (EOS excluded)
+    text: str  # decoded generated text ("" when no tokenizer)
+    finish_reason: str  # "stop" (EOS / stop token) or "length" (max_new_tokens)
+
+
+@dataclass
+class Generation:
+    """What `generate` returns."""
+
+    outputs: list[Output]  # one per prompt, in prompt order
+    stats: GenStats  # throughput, tau, per-position acceptance
+
+
+@dataclass
+class _Running:
+    """A request holding a slot."""
+
+    index: int  # position in the prompt list
+    slot: int  # KV slot
+    tokens: list[int]  # prompt + generated; tokens[-1] is the anchor
+    prompt_len: int  # prompt tokens
+    generator: torch.Generator | None  # per-request RNG
+    out: list[int] = field(default_factory=list)  # generated tokens
+    finish: str = ""  # finish reason once done
+
+
+class Engine:
+    """Loads the target (and drafter) once; `generate` runs batches of prompts through the round loop."""
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        target: LeanModel | None = None,
+        tokenizer: Tokenizer | None = None,
+        drafter: Drafter | None = None,
+        scheduler: VerifyScheduler | None = None,
+    ) -> None:
+        from dspark_core.checkpoint import load_model
+        from dspark_core.tokenizer import Tokenizer
+
+        self.config = config or EngineConfig()
+        c = self.config
+        self.target = target if target is not None else load_model(c.model.path, c.device, c.weights.dtype)
+        if tokenizer is None and target is None:
+            tokenizer = Tokenizer.load(c.model.tokenizer or c.model.path, self.target.arch.eos_ids)
+        self.tokenizer = tokenizer
+        self.eos = set(self.target.arch.eos_ids or (tokenizer.eos_ids if tokenizer else []))
+        if drafter is None and c.spec.enabled and c.drafter.method != "plain":
+            from dspark_core.drafters import build_drafter
+
+            drafter = build_drafter(c.drafter.method, c, self.target)
+        self.drafter = drafter
+        self.scheduler = scheduler if scheduler is not None else build_scheduler(c, self.target)
+        self.cache = self.target.new_cache(c.batch.max_requests, c.model.max_seq_len)
+
+    # -- public API -------------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[str | list[int]], sampling: SamplingParams | None = None) -> Generation:
+        """Generate for every prompt (text or token ids); outputs in prompt order, with stats."""
+        sp = sampling or self.config.sampling
+        encoded = [self._encode(p, i) for i, p in enumerate(prompts)]
+        limit = self.config.model.max_seq_len
+        for i, ids in enumerate(encoded):
+            if len(ids) + sp.max_new_tokens + 1 > limit:
+                raise DSparkError(f"prompt {i}: {len(ids)} tokens + max_new_tokens {sp.max_new_tokens} exceed "
+                                  f"model.max_seq_len {limit}; shorten the prompt or raise max_seq_len")
+        stats = GenStats(method=self.drafter.name if self.drafter else "plain", requests=len(encoded))
+        outputs: list[Output | None] = [None] * len(encoded)
+        stop = self.eos | set(sp.stop_token_ids or [])
+        if sp.ignore_eos:
+            stop = set(sp.stop_token_ids or [])
+        free = list(range(self.config.batch.max_requests - 1, -1, -1))
+        queue = list(range(len(encoded) - 1, -1, -1))
+        running: list[_Running] = []
+        self._sync()
+        t0 = time.perf_counter()
+        while queue or running:
+            while queue and free:
+                i = queue.pop()
+                req = self._admit(i, encoded[i], free.pop(), sp, stop)
+                if req.finish:
+                    outputs[i] = self._finish(req, free, stats)
+                else:
+                    running.append(req)
+            if not running:
+                continue
+            self._round(running, sp, stop, stats)
+            for req in [r for r in running if r.finish]:
+                running.remove(req)
+                outputs[req.index] = self._finish(req, free, stats)
+        self._sync()
+        stats.seconds = time.perf_counter() - t0
+        return Generation(outputs=[o for o in outputs if o is not None], stats=stats)
+
+    # -- internals --------------------------------------------------------------------------------
+    def _sync(self) -> None:
+        if self.target.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def _encode(self, prompt: str | list[int], i: int) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise DSparkError("text prompts need a tokenizer; pass token ids or load a checkpoint with one")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = list(prompt)
+        if not ids:
+            raise DSparkError(f"prompt {i} is empty; every request needs at least one prompt token")
+        vocab = self.target.arch.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise DSparkError(f"prompt {i} has token ids outside the vocabulary [0, {vocab}); check the tokenizer")
+        return ids
+
+    def _admit(self, index: int, ids: list[int], slot: int, sp: SamplingParams, stop: set[int]) -> _Running:
+        """Prefill the prompt into `slot`, sample the first token, reset the drafter for this slot."""
+        gen = None if sp.greedy else torch.Generator().manual_seed(sp.seed + index)
+        req = _Running(index=index, slot=slot, tokens=list(ids), prompt_len=len(ids), generator=gen)
+        self.cache.truncate(slot, 0)
+        layers = self.drafter.hidden_layers if self.drafter else ()
+        out = self.target(torch.tensor([ids]), self.cache, [slot], hidden_layers=layers, last_only=True)
+        logits = out.logits[0, -1]
+        tok = int(logits.argmax()) if sp.greedy else int(
+            torch.multinomial(sampling_probs(logits, sp).cpu(), 1, generator=gen))
+        if self.drafter:
+            self.drafter.reset(slot, list(ids), out.hidden[0] if out.hidden is not None else None)
+        self._commit(req, [tok], sp, stop)
+        return req
+
+    def _commit(self, req: _Running, new: list[int], sp: SamplingParams, stop: set[int]) -> list[int]:
+        """Append tokens up to EOS / max_new_tokens; returns what was kept."""
+        kept: list[int] = []
+        for tok in new:
+            if tok in stop:
+                req.finish = "stop"
+                break
+            kept.append(tok)
+            if len(req.out) + len(kept) >= sp.max_new_tokens:
+                req.finish = "length"
+                break
+        req.out.extend(kept)
+        req.tokens.extend(kept)
+        return kept
+
+    def _finish(self, req: _Running, free: list[int], stats: GenStats) -> Output:
+        if self.drafter:
+            self.drafter.release(req.slot)
+        free.append(req.slot)
+        stats.generated_tokens += len(req.out)
+        text = self.tokenizer.decode(req.out) if self.tokenizer else ""
+        return Output(prompt_tokens=req.prompt_len, token_ids=req.out, text=text, finish_reason=req.finish)
+
+    def _round(self, running: list[_Running], sp: SamplingParams, stop: set[int], stats: GenStats) -> None:
+        """One speculative round for every running request."""
+        block = self.config.spec.block_size if self.drafter else 0
+        reqs = []
+        for r in running:
+            remaining = sp.max_new_tokens - len(r.out)
+            gamma = min(self.scheduler.gamma(r.slot, block), remaining - 1) if block else 0
+            reqs.append(DraftRequest(slot=r.slot, tokens=r.tokens, gamma=max(gamma, 0), sampling=sp,
+                                     generator=r.generator, prompt_len=r.prompt_len))
+        b = len(reqs)
+        if self.drafter and any(q.gamma for q in reqs):
+            prop = self.drafter.propose(reqs)
+            chosen = self.scheduler.choose(reqs, prop)
+        else:
+            prop = Proposal(tokens=torch.zeros(b, 0, dtype=torch.long), num=[0] * b)
+            chosen = [0] * b
+        cap = self.config.spec.max_verify_tokens
+        nv = [max(0, min(int(c), n, cap)) for c, n in zip(chosen, prop.num, strict=True)]
+        t = max(nv) + 1
+        inp = torch.zeros(b, t, dtype=torch.long)
+        drafts = prop.tokens.cpu()
+        for i, r in enumerate(running):
+            inp[i, 0] = r.tokens[-1]
+            if nv[i]:
+                inp[i, 1 : nv[i] + 1] = drafts[i, : nv[i]]
+        bases = [len(r.tokens) - 1 for r in running]
+        layers = self.drafter.hidden_layers if self.drafter else ()
+        out = self.target(inp, self.cache, [r.slot for r in running], [n + 1 for n in nv], hidden_layers=layers)
+        if sp.greedy:
+            verdicts = verify_greedy_batch(out.logits, inp[:, 1:], nv)
+        else:
+            verdicts = []
+            for i in range(b):
+                p = sampling_probs(out.logits[i, : nv[i] + 1], sp)
+                q = prop.probs[i, : nv[i]].to(p.device) if prop.probs is not None else None
+                verdicts.append(verify_sampling(p, q, inp[i, 1 : nv[i] + 1].to(p.device), running[i].generator))
+        stats.steps += 1
+        stats.verify_tokens += sum(nv) + b
+        results = []
+        for i, r in enumerate(running):
+            k, tok = verdicts[i]
+            kept = self._commit(r, inp[i, 1 : k + 1].tolist() + [tok], sp, stop)
+            self.cache.truncate(r.slot, bases[i] + k + 1)
+            stats.record(verified=nv[i], accepted=k, committed=len(kept), proposed=prop.num[i])
+            hidden = out.hidden[i, : k + 1] if out.hidden is not None else None
+            results.append(RoundResult(slot=r.slot, proposed=prop.num[i], verified=nv[i], accepted=k,
+                                       new_tokens=kept, hidden=hidden, finished=bool(r.finish)))
+        if self.drafter:
+            self.drafter.update(results)
+        self.scheduler.observe(results)
+
+
+def build_scheduler(config: EngineConfig, target: LeanModel) -> VerifyScheduler:
+    """`verify_all` here; other names come from part 2's `dspark_core.schedulers.build_verify_scheduler`."""
+    name = config.spec.scheduler
+    if name == "verify_all":
+        return VerifyAll()
+    try:
+        from dspark_core.schedulers import build_verify_scheduler  # type: ignore[attr-defined]
+    except ImportError:
+        raise DSparkError(f"spec.scheduler {name!r} is not available in this build; use verify_all") from None
+    return build_verify_scheduler(config, target)

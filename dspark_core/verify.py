@@ -1,0 +1,70 @@
+"""Lossless verification of a drafted block: greedy matching and rejection sampling.
+
+Greedy: accept draft tokens while they equal the target's argmax; the first mismatch (or the bonus
+position after a fully accepted block) contributes the target's argmax.
+Sampling (Leviathan et al. / Chen et al.): accept draft x_i with probability min(1, p_i(x_i) / q_i(x_i));
+on the first rejection sample from norm(max(0, p_i - q_i)); if all are accepted, sample the bonus token
+from p_{n}. With `q = None` the draft is a point mass (n-gram lookup, greedy draft models), so q(x) = 1.
+The output is distributed exactly as sampling from p token by token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def verify_greedy(target_logits: torch.Tensor, draft: torch.Tensor) -> tuple[int, int]:
+    """target_logits [n + 1, V], draft [n] -> (accepted draft tokens k, the target's token after them)."""
+    best = target_logits.argmax(-1)  # [n + 1]
+    n = draft.numel()
+    if n:
+        miss = (best[:n] != draft).nonzero()
+        k = int(miss[0, 0]) if miss.numel() else n
+    else:
+        k = 0
+    return k, int(best[k])
+
+
+def verify_greedy_batch(target_logits: torch.Tensor, draft: torch.Tensor, num: list[int]) -> list[tuple[int, int]]:
+    """target_logits [B, T, V], draft [B, T - 1] (row b valid up to num[b]) -> [(k, token)] per row."""
+    best = target_logits.argmax(-1)  # [B, T]
+    t = best.shape[1]
+    if t == 1:
+        return [(0, int(x)) for x in best[:, 0].tolist()]
+    valid = torch.arange(t - 1)[None, :] < torch.tensor(num)[:, None]  # [B, T-1]
+    match = (best[:, : t - 1].cpu() == draft[:, : t - 1].cpu()) & valid
+    # k = length of the leading run of matches: cumprod stays 1 while matching
+    ks = match.long().cumprod(dim=1).sum(dim=1).tolist()
+    best_l = best.cpu().tolist()
+    return [(k, best_l[b][k]) for b, k in enumerate(ks)]
+
+
+def verify_sampling(
+    p: torch.Tensor,  # [n + 1, V] target probabilities (after the sampling transform)
+    q: torch.Tensor | None,  # [n, V] draft probabilities, or None for a point-mass draft
+    draft: torch.Tensor,  # [n] long
+    generator: torch.Generator | None,
+) -> tuple[int, int]:
+    """Rejection sampling -> (accepted draft tokens k, the token sampled after them)."""
+    n = draft.numel()
+    if n:
+        idx = torch.arange(n, device=p.device)
+        px = p[idx, draft]  # [n]
+        qx = q[idx, draft] if q is not None else torch.ones_like(px)
+        u = torch.rand(n, generator=generator, device="cpu").to(p.device)
+        rejected = (u * qx >= px).nonzero()  # accept iff u < p/q  <=>  u*q < p
+        k = int(rejected[0, 0]) if rejected.numel() else n
+    else:
+        k = 0
+    if k < n:
+        if q is not None:
+            residual = (p[k] - q[k]).clamp_min(0.0)
+        else:
+            residual = p[k].clone()
+            residual[draft[k]] = 0.0
+        total = residual.sum()
+        dist = residual / total if total > 0 else p[k]
+    else:
+        dist = p[n]
+    token = int(torch.multinomial(dist.float().cpu(), 1, generator=generator))
+    return k, token
