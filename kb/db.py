@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from kb.errors import KBError
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+VERSION_TABLE = "kb_schema_version"  # our Alembic version table; Optuna's storage owns `alembic_version`
 
 
 def default_url() -> str:
@@ -80,9 +81,9 @@ class Database:
 
     def revision(self) -> str | None:
         with self.engine.connect() as conn:
-            if not inspect(conn).has_table("alembic_version"):
+            if not inspect(conn).has_table(VERSION_TABLE):
                 return None
-            return conn.execute(text("select version_num from alembic_version")).scalar()
+            return conn.execute(text(f"select version_num from {VERSION_TABLE}")).scalar()
 
     def migrate(self) -> tuple[str | None, str]:
         """Upgrade to head; returns (revision before, revision after). Refuses a newer database."""
@@ -95,9 +96,6 @@ class Database:
                           f"dspark-tune knows (head {head!r}); upgrade dspark-tune or use another --db")
         if before != head:
             with self.engine.begin() as conn:
-                if before is None and _has_foreign_tables(conn):
-                    raise KBError(f"database {_redact(self.url)} holds tables that are not dspark-tune's; "
-                                  "use an empty database or another --db")
                 cfg = _alembic_config()
                 cfg.attributes["connection"] = conn
                 command.upgrade(cfg, "head")
@@ -105,11 +103,6 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
-
-
-def _has_foreign_tables(conn) -> bool:
-    names = set(inspect(conn).get_table_names())
-    return bool(names - {"alembic_version"}) and "rules" not in names
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

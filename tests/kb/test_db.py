@@ -108,7 +108,7 @@ def test_profiles_and_plans_round_trip(db_url, tmp_path):
 def test_newer_database_is_refused(db_url):
     db = open_db(db_url)
     with db.engine.begin() as conn:
-        conn.execute(text("update alembic_version set version_num = '9999_future'"))
+        conn.execute(text("update kb_schema_version set version_num = '9999_future'"))
     db.dispose()
     with pytest.raises(KBError, match="newer than this dspark-tune"):
         open_db(db_url)

@@ -1,0 +1,195 @@
+"""The simulate objective: the engine's own schedulers and regulator against a modelled clock.
+
+A continuous-batching loop (prefill first, then one speculative round for every running request)
+runs `dspark_core`'s scheduler and gamma-regulator objects on confidences and acceptances drawn
+from the acceptance model, and advances a clock by the performance model's step times. Requests
+come from the workload profile: Poisson arrivals at `request_rate`, or a closed loop of
+`concurrency` clients.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dspark_core.regulator import GammaRegulator, RegulatorConfig
+from dspark_core.schedulers import make_scheduler
+from dspark_core.sps import SpsTable, default_probes
+from profiler.schema import Profile
+from tuner.acceptance import AcceptanceModel
+from tuner.perf import PerfModel
+
+
+@dataclass
+class Request:
+    rid: int
+    arrival: float
+    prompt: int
+    output: int
+    generated: int = 0
+    first_token: float | None = None
+    finish: float | None = None
+
+
+@dataclass
+class SimResult:
+    throughput: float  # output tokens per second per GPU
+    ttft_p99_ms: float
+    tpot_p99_ms: float
+    tpot_mean_ms: float
+    tau: float  # accepted tokens per speculative round and request, incl. the bonus
+    verify_tokens_per_step: float
+    requests: int
+    feasible: bool = True
+    why_infeasible: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def _lognormal(rng: np.random.Generator, n: int, median: float, p99: float, lo: int, hi: int) -> np.ndarray:
+    sigma = max(0.05, np.log(max(p99, median * 1.01) / median) / 2.326)
+    return np.clip(rng.lognormal(np.log(median), sigma, n), lo, hi).astype(int)
+
+
+def make_requests(profile: Profile, n: int, rng: np.random.Generator) -> tuple[list[Request], int]:
+    """`n` requests with lengths from the workload profile; returns them and the closed-loop width."""
+    w = profile.workload
+    pm = (w.prompt_len.p50 or w.prompt_len.mean) if w.prompt_len else None
+    om = (w.output_len.p50 or w.output_len.mean) if w.output_len else None
+    prompts = _lognormal(rng, n, pm or 512, (w.prompt_len.p99 if w.prompt_len else None) or (pm or 512) * 3, 4,
+                         profile.model.max_context or 32768)
+    outputs = _lognormal(rng, n, om or 256, (w.output_len.p99 if w.output_len else None) or (om or 256) * 3, 8,
+                         8192)
+    arrivals = np.zeros(n)
+    if w.request_rate:
+        arrivals = np.cumsum(rng.exponential(1.0 / w.request_rate, n))
+    return [Request(i, float(arrivals[i]), int(prompts[i]), int(outputs[i])) for i in range(n)], \
+        (0 if w.request_rate else max(1, w.concurrency or 8))
+
+
+def sps_table(perf: PerfModel, max_batch_tokens: int, context: float, requests: int) -> SpsTable:
+    """The SPS table the performance model predicts (what `tune` exports for a modelled GPU).
+
+    Batch tokens = running requests x verify tokens per request; the probes keep `requests` requests
+    (fewer when the probe has fewer tokens), so extra tokens add compute but not KV reads.
+    """
+    return SpsTable.from_probes([(b, perf.sps(b, context, min(b, requests))) for b in default_probes(max_batch_tokens)],
+                                max_batch_tokens)
+
+
+def _p(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if xs else 0.0
+
+
+def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: AcceptanceModel,
+             n_requests: int = 48, seed: int = 0) -> SimResult:
+    """Run the workload through the modelled engine with `params` (dotted names, defaults filled)."""
+    rng = np.random.default_rng(seed)
+    reqs, closed = make_requests(profile, n_requests, rng)
+    gamma = int(params["spec.block_size"])
+    spec_on = bool(params["spec.enabled"]) and gamma > 0
+    max_req = int(params["batch.max_requests"])
+    max_tokens = int(params["batch.max_tokens"])
+    chunk = int(params.get("batch.chunked_prefill") or 0) or max_tokens
+    kv_cap = perf.kv_capacity_tokens(float(params["memory.fraction_static"]))
+    if kv_cap < max(r.prompt + r.output for r in reqs[:4]):
+        return SimResult(0.0, 1e9, 1e9, 1e9, 0.0, 0.0, 0, False,
+                         f"weights leave {kv_cap:,.0f} KV tokens: not enough for one request")
+    ctx0 = float(np.mean([r.prompt for r in reqs]))
+    budget = min(max_tokens, max_req * (gamma + 1))
+    sps = sps_table(perf, max(2, budget), ctx0, max_req)
+    scheduler = make_scheduler(params["spec.scheduler"], sps=sps, threshold=float(params["spec.confidence_threshold"]))
+    regulator = GammaRegulator(RegulatorConfig(gamma_max=max(1, gamma), fallback_floor=float(
+        params["spec.fallback_acceptance"])))
+    cap_verify = int(params["spec.max_verify_tokens"])
+    timeout = float(params.get("batch.timeout_ms") or 0.0) / 1000.0
+
+    pending = deque(reqs[:closed] if closed else reqs)
+    backlog = deque(reqs[closed:] if closed else [])
+    for r in pending:
+        r.arrival = 0.0 if closed else r.arrival
+    running: list[Request] = []
+    done: list[Request] = []
+    t, rounds, spec_rounds, gained_spec, verify_total = 0.0, 0, 0, 0, 0
+    while len(done) < len(reqs):
+        arrived = [r for r in pending if r.arrival <= t]
+        if not running and not arrived:
+            t = pending[0].arrival
+            continue
+        if not running and timeout > 0 and len(arrived) < max_req and len(pending) > len(arrived):
+            fill_at = pending[min(len(pending), max_req) - 1].arrival
+            t = max(t, min(t + timeout, fill_at))
+            arrived = [r for r in pending if r.arrival <= t]
+        used = sum(r.prompt + r.generated + gamma for r in running)
+        admitted = []
+        for r in arrived:
+            if len(running) + len(admitted) >= max_req or used + r.prompt + r.output > kv_cap:
+                break
+            admitted.append(r)
+            used += r.prompt + r.output
+        for r in admitted:
+            pending.remove(r)
+        if admitted:  # prefill first, chunked by the token budget
+            total = sum(r.prompt for r in admitted)
+            while total > 0:
+                step = min(total, chunk)
+                t += perf.step(step, ctx0 / 2, len(admitted)).seconds
+                total -= step
+            for r in admitted:
+                r.first_token, r.generated = t, 1
+            running += admitted
+        live = [r for r in running if r.generated < r.output]
+        if live:
+            ctx = float(np.mean([r.prompt + r.generated for r in live]))
+            gains = [1] * len(live)
+            if spec_on:
+                gammas = [regulator.gamma_for(r.rid) for r in live]
+                conf, acc = accept.draw(rng, len(live), gamma)
+                rows = [list(conf[i, :g]) for i, g in enumerate(gammas)]
+                lengths = [min(cap_verify, n) for n in scheduler.schedule(rows)]
+                while sum(lengths) + len(live) > max_tokens and max(lengths) > 0:
+                    lengths[lengths.index(max(lengths))] -= 1
+                drafting = sum(1 for g in gammas if g > 0)
+                if drafting:
+                    t += perf.draft_step(drafting, gamma, ctx, int(params["spec.draft_layers"]),
+                                         params["spec.head"], int(params["spec.markov_rank"]))
+                tokens = sum(lengths) + len(live)
+                t += perf.step(tokens, ctx, len(live)).seconds
+                verify_total += tokens
+                for i, (r, n) in enumerate(zip(live, lengths, strict=True)):
+                    ok = 0
+                    while ok < n and acc[i, ok]:
+                        ok += 1
+                    gains[i] = ok + 1
+                    regulator.observe(r.rid, n, ok)
+                    if gammas[i] > 0:
+                        spec_rounds += 1
+                        gained_spec += ok + 1
+            else:
+                t += perf.step(len(live), ctx, len(live)).seconds
+                verify_total += len(live)
+            rounds += 1
+            for r, g in zip(live, gains, strict=True):
+                r.generated = min(r.output, r.generated + g)
+        for r in [r for r in running if r.generated >= r.output]:
+            r.finish = t
+            running.remove(r)
+            regulator.drop(r.rid)
+            done.append(r)
+            if closed and backlog:
+                nxt = backlog.popleft()
+                nxt.arrival = t
+                pending.append(nxt)
+    out_tokens = sum(r.output for r in reqs)
+    tpots = [(r.finish - r.first_token) / max(1, r.output - 1) * 1e3 for r in reqs]
+    ttfts = [(r.first_token - r.arrival) * 1e3 for r in reqs]
+    return SimResult(
+        throughput=out_tokens / t / perf.tp, ttft_p99_ms=_p(ttfts, 99), tpot_p99_ms=_p(tpots, 99),
+        tpot_mean_ms=float(np.mean(tpots)), tau=gained_spec / spec_rounds if spec_rounds else 1.0,
+        verify_tokens_per_step=verify_total / max(1, rounds), requests=len(reqs),
+        extra={"makespan_s": t, "rounds": rounds, "acceptance_source": accept.source})
