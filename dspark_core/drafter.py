@@ -1,0 +1,348 @@
+"""The DSpark drafter network: a DFlash-style parallel backbone + a sequential head + a confidence head.
+
+Backbone (DESIGN.md section 4, DFlash): the hidden states of chosen target layers are concatenated,
+projected to the model width and RMS-normed ("context features"); every draft layer turns them into extra
+keys/values (own k/v projections, RoPE at the context positions) in front of the block's own keys/values.
+Block input = embedding of the anchor x_0 + (gamma - 1) learned mask vectors at positions p..p+gamma-1;
+attention is bidirectional inside the block and sees the context positions < p (all committed tokens but
+the anchor). The anchor slot is itself a prediction position, so gamma inputs give gamma base logits U_k
+and hidden states h_k in one forward. The embedding and the LM head are the target's, shared and frozen
+(held outside this module's parameters and state dict).
+
+Then `draft` samples left to right with p_k ~ softmax(U_k + B_k(x_{k-1}, ...)) (heads.py) and the raw
+confidence logits c_k of the confidence head. `teacher_forced` gives the same quantities with the true
+previous tokens, for training. The engine-side adapter (per-slot context cache, Drafter interface) is in
+dspark_core/dspark_runtime.py; `build_drafter` below is the registry entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dspark_core.arch import ArchConfig
+from dspark_core.errors import DSparkError
+from dspark_core.heads import HEADS, ConfidenceHead, SequentialHead
+from dspark_core.model import RMSNorm, apply_rope, rope_inv_freq
+from dspark_core.sampling import SamplingParams, sampling_probs
+
+if TYPE_CHECKING:
+    from dspark_core.config import EngineConfig
+    from dspark_core.drafters.base import Drafter
+    from dspark_core.model import LeanModel
+
+CONFIG_FILE = "dspark_config.json"  # drafter architecture, next to the weights
+WEIGHTS_FILE = "model.safetensors"  # drafter weights (without the shared embedding / LM head)
+
+
+@dataclass
+class DraftConfig:
+    """Architecture of a DSpark drafter; width and vocabulary follow the target (shared embedding)."""
+
+    vocab_size: int  # = target vocabulary
+    hidden_size: int  # = target hidden size (the embedding and LM head are shared)
+    target_layers: list[int]  # target decoder layers whose outputs form the context (0-based)
+    block_size: int = 7  # gamma the drafter is trained for (slots per block forward)
+    head: str = "markov"  # sequential head: none | markov | rnn
+    markov_rank: int = 256  # r: width of W1 / W2 (and of the RNN state)
+    num_layers: int = 2  # draft transformer layers
+    num_heads: int = 4  # query heads per draft layer
+    num_kv_heads: int = 2  # key/value heads per draft layer
+    head_dim: int = 32  # width per head
+    intermediate_size: int = 512  # SwiGLU inner width
+    rms_norm_eps: float = 1e-6  # RMSNorm epsilon
+    rope_theta: float = 10000.0  # RoPE base (as the target's)
+    extra: dict[str, object] = field(default_factory=dict)  # provenance (target path, training steps, ...)
+
+    def __post_init__(self) -> None:
+        if self.head not in HEADS:
+            raise ValueError(f"unknown head {self.head!r}; choose one of {', '.join(HEADS)}")
+        if not self.target_layers:
+            raise ValueError("target_layers is empty; the backbone needs at least one target layer")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+
+    @property
+    def context_width(self) -> int:
+        """Width of the concatenated target hidden states."""
+        return len(self.target_layers) * self.hidden_size
+
+    def rope_arch(self) -> ArchConfig:
+        """An ArchConfig carrying what `rope_inv_freq` reads."""
+        return ArchConfig(model_type="qwen3", vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                          intermediate_size=self.intermediate_size, num_hidden_layers=self.num_layers,
+                          num_attention_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
+                          head_dim=self.head_dim, rope_theta=self.rope_theta)
+
+    @classmethod
+    def for_target(cls, arch: ArchConfig, **overrides: object) -> DraftConfig:
+        """Defaults sized from the target: same width / heads, layers spread over the target's depth."""
+        n = arch.num_hidden_layers
+        picks = sorted({round(i * (n - 1) / 2) for i in range(3)}) if n >= 3 else list(range(n))
+        base = dict(vocab_size=arch.vocab_size, hidden_size=arch.hidden_size, target_layers=picks,
+                    num_heads=arch.num_attention_heads, num_kv_heads=arch.num_key_value_heads,
+                    head_dim=arch.head_dim, intermediate_size=arch.intermediate_size,
+                    rms_norm_eps=arch.rms_norm_eps, rope_theta=arch.rope_theta)
+        base.update(overrides)
+        return cls(**base)  # type: ignore[arg-type]
+
+
+class DraftLayer(nn.Module):
+    """Pre-norm attention over [context keys; block keys] + SwiGLU MLP; Qwen3-style q/k norm."""
+
+    def __init__(self, c: DraftConfig) -> None:
+        super().__init__()
+        self.nh, self.nkv, self.hd = c.num_heads, c.num_kv_heads, c.head_dim
+        self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.q = nn.Linear(c.hidden_size, self.nh * self.hd, bias=False)
+        self.kv = nn.Linear(c.hidden_size, 2 * self.nkv * self.hd, bias=False)
+        self.o = nn.Linear(self.nh * self.hd, c.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.hd, c.rms_norm_eps)
+        self.k_norm = RMSNorm(self.hd, c.rms_norm_eps)
+        self.post_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.gate_up = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
+        self.down = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, L, H] (already normed), cos/sin [B, L, 1, hd] -> k, v [B, L, nkv, hd] (k roped)."""
+        b, n, _ = x.shape
+        k, v = self.kv(x).view(b, n, 2, self.nkv, self.hd).unbind(2)
+        return apply_rope(self.k_norm(k), cos, sin), v
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx_k: torch.Tensor,
+                ctx_v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x [B, Q, H] block states; ctx_k/v [B, Lc, nkv, hd]; mask [B, 1, Q, Lc + Q] (True = attend)."""
+        b, t, _ = x.shape
+        h = self.input_norm(x)
+        q = apply_rope(self.q_norm(self.q(h).view(b, t, self.nh, self.hd)), cos, sin)
+        k, v = self.keys_values(h, cos, sin)
+        keys = torch.cat([ctx_k, k], dim=1).transpose(1, 2)  # [B, nkv, Lc + Q, hd]
+        vals = torch.cat([ctx_v, v], dim=1).transpose(1, 2)
+        attn = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask,
+                                              enable_gqa=self.nkv != self.nh)
+        x = x + self.o(attn.transpose(1, 2).reshape(b, t, self.nh * self.hd))
+        gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+@dataclass
+class DraftOut:
+    """A sampled block."""
+
+    tokens: torch.Tensor  # [B, G] long: drafted tokens
+    probs: torch.Tensor | None  # [B, G, V] float32 (CPU): q each token was drawn from; None = all greedy
+    confidence_logits: torch.Tensor  # [B, G] raw confidence logits (before STS)
+
+
+@dataclass
+class BlockOut:
+    """One backbone forward over a block."""
+
+    base_logits: torch.Tensor  # U [B, G, V] float32
+    hidden: torch.Tensor  # h [B, G, H]: final-normed states (what the LM head, heads and confidence see)
+
+
+class DSparkDraftModel(nn.Module):
+    """Backbone + sequential head + confidence head; embedding / LM head are borrowed from the target."""
+
+    def __init__(self, cfg: DraftConfig, embed: nn.Embedding, lm_head: nn.Linear) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self._shared = (embed, lm_head)  # a tuple: not registered, not trained, not saved
+        h = cfg.hidden_size
+        self.ctx_proj = nn.Linear(cfg.context_width, h, bias=False)  # concat(target layers) -> H
+        self.ctx_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.mask_embed = nn.Parameter(torch.zeros(h))  # input of block slots 1..G-1
+        nn.init.normal_(self.mask_embed, std=0.02)
+        self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.head = SequentialHead(cfg.head, cfg.vocab_size, h, cfg.markov_rank)  # type: ignore[arg-type]
+        self.confidence = ConfidenceHead(h, cfg.markov_rank)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.rope_arch()), persistent=False)
+
+    @property
+    def embed(self) -> nn.Embedding:
+        return self._shared[0]
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self._shared[1]
+
+    def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """pos [B, L] -> cos, sin [B, L, 1, hd]."""
+        freqs = pos.to(self.inv_freq.device).float()[..., None] * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
+        dt = self.mask_embed.dtype
+        return emb.cos().to(dt), emb.sin().to(dt)
+
+    def context_features(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """[..., len(target_layers) * H] target states -> [..., H] projected, RMS-normed features."""
+        return self.ctx_norm(self.ctx_proj(target_hidden.to(self.mask_embed.dtype)))
+
+    def context_kv(self, feats: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """feats [B, L, H] at positions pos [B, L] -> per draft layer (k, v) [B, L, nkv, hd]."""
+        cos, sin = self.rope(pos)
+        return [layer.keys_values(feats, cos, sin) for layer in self.layers]
+
+    def block_inputs(self, anchors: torch.Tensor, g: int) -> torch.Tensor:
+        """anchors [...] long -> [..., g, H]: anchor embedding then g - 1 mask vectors."""
+        a = self.embed(anchors).to(self.mask_embed.dtype).unsqueeze(-2)  # [..., 1, H]
+        m = self.mask_embed.expand(*anchors.shape, g - 1, self.cfg.hidden_size)
+        return torch.cat([a, m], dim=-2)
+
+    def backbone(self, x: torch.Tensor, pos: torch.Tensor, ctx: list[tuple[torch.Tensor, torch.Tensor]],
+                 mask: torch.Tensor) -> BlockOut:
+        """x [B, Q, H] block inputs at positions pos [B, Q]; ctx per layer; mask [B, 1, Q, Lc + Q]."""
+        cos, sin = self.rope(pos)
+        for layer, (ck, cv) in zip(self.layers, ctx, strict=True):
+            x = layer(x, cos, sin, ck, cv, mask)
+        h = self.norm(x)
+        return BlockOut(base_logits=self.lm_head(h.to(self.lm_head.weight.dtype)).float(), hidden=h)
+
+    def forward_blocks(self, anchors: torch.Tensor, anchor_pos: torch.Tensor,
+                       ctx: list[tuple[torch.Tensor, torch.Tensor]], ctx_valid: torch.Tensor,
+                       g: int) -> BlockOut:
+        """One block per row (inference). anchors / anchor_pos [B]; ctx per layer [B, Lc, nkv, hd];
+        ctx_valid [B, Lc] bool (False = padding) -> U [B, g, V], h [B, g, H]."""
+        b = anchors.shape[0]
+        x = self.block_inputs(anchors, g)  # [B, g, H]
+        pos = anchor_pos[:, None] + torch.arange(g, device=anchor_pos.device)[None]  # [B, g]
+        block = torch.ones(b, g, g, dtype=torch.bool, device=ctx_valid.device)
+        mask = torch.cat([ctx_valid[:, None, :].expand(b, g, -1), block], dim=-1)[:, None]  # [B,1,g,Lc+g]
+        return self.backbone(x, pos, ctx, mask)
+
+    def forward_packed(self, tokens: torch.Tensor, target_hidden: torch.Tensor, anchors: torch.Tensor
+                       ) -> BlockOut:
+        """Training: A blocks per sequence in one forward (anchor-bounded packing).
+
+        tokens [N, T] long, target_hidden [N, T, W], anchors [N, A] positions p (1 <= p <= T - 1) ->
+        U [N, A, G, V], h [N, A, G, H]. Block a sees context positions < p_a and its own G slots.
+        """
+        n, t = tokens.shape
+        a, g = anchors.shape[1], self.cfg.block_size
+        dev = tokens.device
+        feats = self.context_features(target_hidden)  # [N, T, H]
+        ctx = self.context_kv(feats, torch.arange(t, device=dev)[None].expand(n, t))
+        x = self.block_inputs(tokens.gather(1, anchors), g).reshape(n, a * g, -1)  # [N, A*G, H]
+        pos = (anchors[:, :, None] + torch.arange(g, device=dev)[None, None]).reshape(n, a * g)
+        ctx_mask = torch.arange(t, device=dev)[None, None, :] < anchors[:, :, None]  # [N, A, T]
+        ctx_mask = ctx_mask[:, :, None, :].expand(n, a, g, t).reshape(n, a * g, t)
+        blk = torch.arange(a, device=dev).repeat_interleave(g)
+        blk_mask = (blk[:, None] == blk[None, :])[None].expand(n, -1, -1)  # [N, A*G, A*G]
+        mask = torch.cat([ctx_mask, blk_mask], dim=-1)[:, None]
+        out = self.backbone(x, pos, ctx, mask)
+        return BlockOut(out.base_logits.view(n, a, g, -1), out.hidden.view(n, a, g, -1))
+
+    def teacher_forced(self, block: BlockOut, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft logits and raw confidences with the true previous tokens (training).
+
+        block: U, h [..., G, *]; prev [..., G] long (x_0 = anchor, then ground-truth tokens) ->
+        logits [..., G, V], confidence logits [..., G].
+        """
+        lead = prev.shape[:-1]
+        g = prev.shape[-1]
+        h = block.hidden.reshape(-1, g, block.hidden.shape[-1])
+        bias, e = self.head.teacher_forced(prev.reshape(-1, g), h)
+        logits = block.base_logits.reshape(-1, g, block.base_logits.shape[-1])
+        if bias is not None:
+            logits = logits + bias.float()
+        conf = self.confidence(h, e)
+        return logits.view(*lead, g, -1), conf.view(*lead, g)
+
+    @torch.no_grad()
+    def draft(self, block: BlockOut, anchors: torch.Tensor, sampling: list[SamplingParams],
+              generators: list[torch.Generator | None] | None = None, g: int | None = None) -> DraftOut:
+        """Left-to-right sampling of the block with the sequential bias (inference).
+
+        block: U [B, G', V], h [B, G', H] from one backbone forward; anchors [B] long; sampling[b] the
+        request's transform (greedy = argmax); g <= G' positions to draft. Position k samples from
+        sampling_probs(U_k + B_k(x_{k-1}, state)) and the confidence head sees h_k and W1[x_{k-1}].
+        """
+        b = anchors.shape[0]
+        g = block.base_logits.shape[1] if g is None else g
+        gens = generators or [None] * b
+        greedy = [s.greedy for s in sampling]
+        tokens = torch.zeros(b, g, dtype=torch.long, device=anchors.device)
+        conf = torch.zeros(b, g, device=anchors.device)
+        probs = None if all(greedy) else torch.zeros(b, g, block.base_logits.shape[-1])
+        prev, state = anchors, self.head.init_state(b, block.hidden)
+        for k in range(g):
+            h = block.hidden[:, k]
+            bias, state, e = self.head.step(prev, h, state)
+            logits = block.base_logits[:, k] + (bias.float() if bias is not None else 0.0)  # [B, V]
+            conf[:, k] = self.confidence(h, e).float()
+            nxt = logits.argmax(-1)
+            for i in range(b):
+                if greedy[i]:
+                    if probs is not None:
+                        probs[i, k, int(nxt[i])] = 1.0
+                    continue
+                q = sampling_probs(logits[i], sampling[i]).cpu()
+                assert probs is not None
+                probs[i, k] = q
+                nxt[i] = int(torch.multinomial(q, 1, generator=gens[i]))
+            tokens[:, k] = nxt
+            prev = nxt
+        return DraftOut(tokens=tokens, probs=probs, confidence_logits=conf)
+
+
+def save_drafter(model: DSparkDraftModel, folder: str | Path, dtype: torch.dtype = torch.float16) -> Path:
+    """Write config + weights (not the shared embedding / LM head) atomically into `folder`."""
+    from safetensors.torch import save_file
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to(dtype).contiguous().cpu() for k, v in model.state_dict().items()}
+    for name, write in ((WEIGHTS_FILE, lambda p: save_file(tensors, p)),
+                        (CONFIG_FILE, lambda p: Path(p).write_text(json.dumps(asdict(model.cfg), indent=2)))):
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
+        os.close(fd)
+        try:
+            write(tmp)
+            os.replace(tmp, out / name)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return out
+
+
+def load_drafter(folder: str | Path, target: LeanModel) -> DSparkDraftModel:
+    """Load a drafter saved by `save_drafter` and attach it to `target` (same vocabulary and width)."""
+    from safetensors.torch import load_file
+
+    p = Path(folder)
+    if not (p / CONFIG_FILE).is_file() or not (p / WEIGHTS_FILE).is_file():
+        raise DSparkError(f"no DSpark drafter at {p} (need {CONFIG_FILE} + {WEIGHTS_FILE}); "
+                          "train one with `python cli.py train-drafter`")
+    try:
+        cfg = DraftConfig(**json.loads((p / CONFIG_FILE).read_text()))
+    except (json.JSONDecodeError, TypeError, ValueError) as e:
+        raise DSparkError(f"{p / CONFIG_FILE} is not a valid drafter config ({e}); retrain or fix it") from None
+    arch = target.arch
+    if (cfg.vocab_size, cfg.hidden_size) != (arch.vocab_size, arch.hidden_size) or \
+            max(cfg.target_layers) >= arch.num_hidden_layers:
+        raise DSparkError(f"drafter {p} was trained for another target (vocab {cfg.vocab_size}, width "
+                          f"{cfg.hidden_size}, layers {cfg.target_layers}); train one for this target")
+    model = DSparkDraftModel(cfg, target.embed, target.lm_head)
+    sd = load_file(str(p / WEIGHTS_FILE))
+    missing, unexpected = model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
+    if missing or unexpected:
+        raise DSparkError(f"drafter weights {p / WEIGHTS_FILE} do not match its config "
+                          f"(missing {missing[:3]}, unexpected {unexpected[:3]}); retrain it")
+    return model.to(device=target.device, dtype=target.dtype).eval()
+
+
+def build_drafter(config: EngineConfig, target: LeanModel) -> Drafter:
+    """Registry entry (`dspark_core.drafters.DRAFTERS["dspark"]`): the engine-side DSpark drafter."""
+    from dspark_core.dspark_runtime import build_runtime
+
+    return build_runtime(config, target)
