@@ -71,3 +71,5 @@ class PlanRow(Base):
     rule_ids: Mapped[list[Any]] = mapped_column(JSON)  # [{"id": ..., "version": ...}] of fired rules
     body: Mapped[dict[str, Any]] = mapped_column(JSON)  # kb.match.Plan as JSON
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+from kb import models_kernels  # noqa: E402,F401  (registers the kernel_configs table, issue 8)
