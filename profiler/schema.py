@@ -39,6 +39,8 @@ class KvBytes(_Strict):
 class Flops(_Strict):
     prefill: float | None = None  # FLOPs per token for prefill at the profile's mean prompt length
     decode: float | None = None  # FLOPs per generated token at the profile's mean context
+    linear: float | None = None  # context-independent part: 2 x active matrix parameters
+    attn_per_ctx: float | None = None  # decode attention FLOPs per token per context token (f(L) = linear + this*L)
 
 
 class ModelProfile(_Strict):
@@ -60,6 +62,14 @@ class ModelProfile(_Strict):
     experts_per_token: int | None = None  # routed experts chosen per token
     max_context: int | None = None  # max_position_embeddings
     tied_embeddings: bool | None = None  # LM head shares the embedding matrix
+    params_embedding: float | None = None  # input embedding parameters (vocab x hidden)
+    num_moe_layers: int | None = None  # decoder layers with a routed MLP (0 for dense)
+    expert_params: float | None = None  # parameters of one routed expert
+    shared_expert_params: float | None = None  # always-on shared expert parameters per MoE layer
+    kv_lora_rank: int | None = None  # MLA latent width (the KV cache holds this + the RoPE key)
+    sliding_window: int | None = None  # local attention window of the sliding layers, if any
+    dtype: str | None = None  # checkpoint dtype from config.json (torch_dtype / dtype)
+    census_source: str | None = None  # where model.ops came from: export, cache, catalog, onnx file
     weight_bytes: WeightBytes | None = None
     kv_bytes_per_token: KvBytes | None = None
     flops_per_token: Flops | None = None
@@ -138,10 +148,18 @@ class AcceptProfile(_Strict):
 
 class Derived(_Strict):
     decode_bound: Bound | None = None  # what bounds decode at workload concurrency on this hw
-    ridge_batch: float | None = None  # batch tokens where decode turns compute-bound
+    ridge_batch: float | None = None  # batch tokens where decode turns compute-bound (weights-only roofline)
     weights_fit_bf16: bool | None = None  # bf16 weights fit on one device with KV headroom
     min_tp_bf16: int | None = None  # smallest TP (power of two) that fits bf16 weights
     min_tp_fp8: int | None = None  # ... fp8 weights
+    min_tp_int4: int | None = None  # ... int4 weights
+    weights_fit_fp8: bool | None = None  # fp8 weights fit on one device with KV headroom
+    decode_batch: int | None = None  # batch (tokens per decode step) the derived figures assume
+    decode_context: float | None = None  # mean context length per decoded token assumed
+    arith_intensity: float | None = None  # decode FLOPs per byte at decode_batch (bf16 weights and KV)
+    ridge_intensity: float | None = None  # hardware FLOPs per byte where compute = memory time (bf16)
+    decode_step_ms: float | None = None  # roofline time of one decode step at decode_batch, bf16
+    kv_capacity_tokens: float | None = None  # bf16 KV tokens that fit beside bf16 weights at min_tp_bf16
 
 
 class Profile(_Strict):
@@ -150,6 +168,7 @@ class Profile(_Strict):
     workload: WorkloadProfile = WorkloadProfile()
     accept: AcceptProfile = AcceptProfile()
     derived: Derived = Derived()
+    notes: list[str] | None = None  # how names were resolved and what was estimated or skipped
 
     def content_hash(self) -> str:
         """Stable hash of the content, used to deduplicate stored profiles."""

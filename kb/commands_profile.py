@@ -1,0 +1,109 @@
+"""`python cli.py profile`: model + hardware + workload profile, printed and stored in the KB."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from kb.cli_common import DbOpt, JsonOpt, console, err_console, print_json
+
+ModelOpt = Annotated[str | None, typer.Option(
+    "--model", "-m", help="Catalogue name (qwen3, qwen3-30b-a3b, llama-3.1-70b, ...), a config.json, a model "
+                          "folder, an .onnx file, or 'tiny' (the project's reference target).")]
+GpuOpt = Annotated[str | None, typer.Option(
+    "--gpu", "-g", help="Catalogue GPU (h100, H100-SXM, a100-80gb, mi300x, ...) or 'auto' to detect and "
+                        "micro-benchmark this machine.")]
+WorkloadOpt = Annotated[str | None, typer.Option(
+    "--workload", "-w", help="Preset (chat, code, math, mixed) or a JSONL file of requests. Default: chat.")]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("profile")
+    def profile(
+        model: ModelOpt = None,
+        gpu: GpuOpt = None,
+        workload: WorkloadOpt = None,
+        json_out: JsonOpt = False,
+        db: DbOpt = None,
+        name: Annotated[str | None, typer.Option(help="Name to store the profile under.")] = None,
+        store: Annotated[bool, typer.Option("--store/--no-store", help="Store the profile in the KB.")] = True,
+        measure: Annotated[bool, typer.Option("--measure/--no-measure",
+                                              help="Run microbenchmarks with --gpu auto.")] = True,
+        entropy: Annotated[bool | None, typer.Option(
+            "--entropy/--no-entropy", help="Measure the target's next-token entropy on the workload with a "
+                                           "runnable model (default: only with --gpu auto).")] = None,
+        list_models: Annotated[bool, typer.Option("--list-models", help="List the model catalogue.")] = False,
+        list_gpus: Annotated[bool, typer.Option("--list-gpus", help="List the GPU catalogue.")] = False,
+    ) -> None:
+        """Profile a model, a GPU and a workload: sizes, bytes, FLOPs, operator census, what bounds decode."""
+        if list_models or list_gpus:
+            _list(list_models, list_gpus, json_out)
+            return
+        if not model and not gpu:
+            from profiler.errors import ProfileError
+
+            raise ProfileError("nothing to profile: give --model and/or --gpu (see --list-models, --list-gpus)")
+        p = _build_with_progress(model, gpu, workload, measure, entropy, quiet=json_out)
+        profile_id = None
+        if store:
+            from kb.db import open_db
+            from kb.store import save_profile
+
+            database = open_db(db)
+            try:
+                profile_id = save_profile(database, p, name=name)
+            finally:
+                database.dispose()
+        if json_out:
+            print_json(p.model_dump(mode="json", exclude_none=True))
+            if profile_id is not None:
+                err_console.print(f"stored as profile {profile_id}")
+            return
+        from profiler.summary import render_profile
+
+        render_profile(p, console, profile_id)
+
+
+def _build_with_progress(model: str | None, gpu: str | None, workload: str | None, measure: bool,
+                         entropy: bool | None, quiet: bool):  # -> Profile
+    """build_profile with a progress bar on stderr while micro-benchmarks / entropy run."""
+    from profiler.build import build_profile
+
+    slow = (gpu or "").lower() == "auto" and measure or bool(entropy)
+    if not slow:
+        return build_profile(model, gpu, workload, measure=measure, entropy=entropy)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from profiler.hardware import MICROBENCH_STEPS
+
+    total = MICROBENCH_STEPS if (gpu or "").lower() == "auto" and measure else 0
+    total += 1 if entropy or ((gpu or "").lower() == "auto" and measure and entropy is None) else 0
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=quiet) as bar:
+        task = bar.add_task("profiling", total=max(total, 1))
+
+        def step(msg: str) -> None:
+            bar.update(task, advance=1, description=msg)
+
+        return build_profile(model, gpu, workload, measure=measure, entropy=entropy, progress=step)
+
+
+def _list(list_models: bool, list_gpus: bool, json_out: bool) -> None:
+    from profiler.catalog import gpus, models
+
+    if json_out:
+        out: dict[str, object] = {}
+        if list_models:
+            out["models"] = [{"name": m.name, "family": m.family, "aliases": m.aliases,
+                              "default_for": m.default_for, "source": m.source} for m in models()]
+        if list_gpus:
+            out["gpus"] = [g.model_dump() for g in gpus()]
+        print_json(out)
+        return
+    from profiler.summary import gpus_table, models_table
+
+    if list_models:
+        console.print(models_table())
+    if list_gpus:
+        console.print(gpus_table())

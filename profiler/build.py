@@ -1,0 +1,165 @@
+"""build_profile: model + hardware + workload -> one Profile (what `profile` prints and `match` uses).
+
+The model comes from, in this order: a path (.onnx file, config.json, or a Hugging Face model
+folder), ``tiny`` (the project's reference target, once built), or a catalogue name (forgiving:
+``qwen3`` -> Qwen3-8B with a note). Nothing heavy is imported unless the work needs it: a
+catalogue model on a catalogue GPU reads YAML and a cached census only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from profiler.arch import ArchSpec, read_config
+from profiler.catalog import resolve_model
+from profiler.derived import context_len, derive
+from profiler.errors import ProfileError
+from profiler.hardware import hardware_profile
+from profiler.model import (
+    attn_flops_per_ctx,
+    count_params,
+    flops_per_token,
+    kv_bytes_per_token,
+    prefill_flops_per_token,
+    weight_bytes,
+)
+from profiler.schema import Flops, KvBytes, ModelProfile, Profile, WeightBytes, WorkloadProfile
+from profiler.workload import measure_entropy, prompts_of, runnable_model, workload_profile
+
+Progress = Callable[[str], None]
+TINY_NAMES = ("tiny", "tiny-target", "dspark-tiny")
+
+
+def read_json(path: Path) -> dict:
+    """A JSON file as a dict; a missing or broken file is one ProfileError line."""
+    if not path.is_file():
+        raise ProfileError(f"file not found: {path}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{path}: invalid JSON at line {e.lineno} column {e.colno} ({e.msg})") from None
+    except UnicodeDecodeError:
+        raise ProfileError(f"{path}: not a text file (expected config.json)") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: expected a JSON object (a config.json), got {type(data).__name__}")
+    return data
+
+
+def _looks_like_path(s: str) -> bool:
+    return "/" in s or "\\" in s or s.endswith((".json", ".onnx")) or Path(s).exists()
+
+
+def resolve_arch(model: str) -> tuple[ArchSpec | None, str, str, list[str]]:
+    """(spec or None for a bare ONNX file, display name, source, notes) for any model argument."""
+    notes: list[str] = []
+    if model.lower() in TINY_NAMES:
+        tiny = runnable_model()
+        if tiny is None:
+            raise ProfileError("the tiny reference model is not built yet (dspark_core/assets/tiny/target); "
+                               "run `python cli.py build-tiny` first")
+        return read_config(read_json(tiny / "config.json"), str(tiny)), "tiny-target", str(tiny), notes
+    if _looks_like_path(model):
+        p = Path(model)
+        if p.suffix == ".onnx":
+            if not p.is_file():
+                raise ProfileError(f"ONNX file not found: {p}")
+            return None, p.stem, str(p), notes
+        if p.is_dir():
+            cfg = p / "config.json"
+            if not cfg.is_file():
+                raise ProfileError(f"{p}: no config.json in this folder (expected a Hugging Face model folder)")
+            return read_config(read_json(cfg), str(cfg)), p.name, str(p), notes
+        spec = read_config(read_json(p), str(p))
+        name = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
+        return spec, name, str(p), notes
+    entry, note = resolve_model(model)
+    if note:
+        notes.append(note)
+    return read_config(entry.config, entry.name), entry.name, entry.source, notes
+
+
+def model_profile(spec: ArchSpec, name: str, source: str, wl: WorkloadProfile) -> ModelProfile:
+    """Every model.* figure, computed from the spec; FLOPs at the workload's mean lengths."""
+    c = count_params(spec)
+    prompt = wl.prompt_len.mean if wl.prompt_len and wl.prompt_len.mean else 1024.0
+    return ModelProfile(
+        name=name, family=spec.family, arch="moe" if spec.is_moe else "dense", source=source,
+        params_total=float(c.total), params_active=float(c.active), num_layers=spec.num_layers,
+        hidden_size=spec.hidden, intermediate_size=spec.moe_intermediate if spec.is_moe else spec.intermediate,
+        num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, vocab_size=spec.vocab,
+        attention=spec.attention, num_experts=spec.num_experts if spec.is_moe else 0,
+        experts_per_token=spec.experts_per_token if spec.is_moe else 0, max_context=spec.max_context,
+        tied_embeddings=spec.tied,
+        weight_bytes=WeightBytes(**{d: weight_bytes(spec, d) for d in ("bf16", "fp8", "int8", "int4")}),
+        kv_bytes_per_token=KvBytes(bf16=kv_bytes_per_token(spec, "bf16"), fp8=kv_bytes_per_token(spec, "fp8")),
+        flops_per_token=Flops(
+            prefill=round(prefill_flops_per_token(spec, prompt)),
+            decode=round(flops_per_token(spec, context_len(wl) or prompt, "decode")),
+            linear=float(2 * c.linear_active), attn_per_ctx=attn_flops_per_ctx(spec, "decode"),
+        ),
+        params_embedding=float(c.embedding), num_moe_layers=c.num_moe_layers,
+        expert_params=float(c.expert) if c.num_moe_layers else None,
+        shared_expert_params=float(c.shared) if c.num_moe_layers else None,
+        kv_lora_rank=spec.kv_lora_rank or None, sliding_window=spec.sliding_window, dtype=spec.dtype,
+    )
+
+
+def onnx_model_profile(path: Path) -> ModelProfile:
+    """What an ONNX file alone tells: its census and its initializers' parameter count."""
+    import onnx
+
+    from profiler.census import census_onnx_file
+
+    ops = census_onnx_file(path)
+    model = onnx.load(str(path), load_external_data=False)
+    total = 0
+    for init in model.graph.initializer:
+        n = 1
+        for dim in init.dims:
+            n *= dim
+        total += n
+    return ModelProfile(name=path.stem, source=str(path), params_total=float(total), ops=ops,
+                        census_source=f"onnx file {path}")
+
+
+def build_profile(model: str | None, gpu: str | None, workload: str | None, measure: bool = True,
+                  entropy: bool | None = None, progress: Progress | None = None) -> Profile:
+    """The full profile. ``measure``: run microbenchmarks for ``gpu='auto'``; ``entropy``: measure the
+    target's next-token entropy with a runnable model (None: only together with ``gpu='auto'``)."""
+    notes: list[str] = []
+    wl, wl_notes = workload_profile(workload)
+    notes += wl_notes
+    spec: ArchSpec | None = None
+    mp = ModelProfile()
+    if model:
+        spec, name, source, m_notes = resolve_arch(model)
+        notes += m_notes
+        if spec is None:
+            mp = onnx_model_profile(Path(source))
+        else:
+            notes += list(spec.notes)
+            mp = model_profile(spec, name, source, wl)
+            from profiler.census import census
+
+            mp.ops, mp.census_source = census(spec)
+    hw = hardware_profile(gpu, measure=measure, progress=progress)
+    want_entropy = entropy if entropy is not None else (measure and (gpu or "").lower() == "auto")
+    if want_entropy:
+        target = runnable_model()
+        if target is None:
+            notes.append("entropy not measured: no runnable model here (the tiny reference target "
+                         "dspark_core/assets/tiny/target is not built)")
+        else:
+            wl.entropy = measure_entropy(target, prompts_of(workload or "chat"))
+            notes.append(f"entropy measured with {target}")
+            if progress:
+                progress("entropy measured")
+    profile = Profile(model=mp, workload=wl)
+    if hw is not None:
+        profile.hw = hw
+    if spec is not None:
+        profile.derived = derive(spec, hw, wl)
+    profile.notes = notes or None
+    return profile

@@ -1,0 +1,152 @@
+"""Workload profile: a preset (chat, code, math, mixed) or a JSONL file of requests; entropy.
+
+JSONL format (DESIGN.md section 3), one request per line:
+``{"prompt": "...", "output_len": 128, "domain": "code", "arrival_s": 0.25}`` with all but
+``prompt`` optional. Token lengths come from the runnable model's tokenizer when one is given,
+else from a 4-characters-per-token estimate (the profile notes which).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from profiler.catalog import workload_presets
+from profiler.errors import ProfileError
+from profiler.schema import Entropy, Lengths, Slo, WorkloadProfile
+
+CHARS_PER_TOKEN = 4.0  # length estimate when no tokenizer is at hand
+TINY_TARGET = Path(__file__).resolve().parent.parent / "dspark_core" / "assets" / "tiny" / "target"
+
+
+class Request(BaseModel):
+    """One JSONL line."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompt: str  # the prompt text
+    output_len: int | None = None  # tokens to generate
+    domain: str | None = None  # chat | code | math | mixed
+    arrival_s: float | None = None  # arrival time in seconds from the start of the trace
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    idx = min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))
+    return float(s[idx])
+
+
+def _lengths(xs: list[float]) -> Lengths:
+    return Lengths(mean=round(statistics.fmean(xs), 1), p50=_pct(xs, 0.5), p99=_pct(xs, 0.99))
+
+
+def read_requests(path: str | os.PathLike[str]) -> list[Request]:
+    """Parse and validate a JSONL workload file; any problem is one ProfileError line."""
+    p = Path(path)
+    if not p.is_file():
+        raise ProfileError(f"workload file not found: {p} (give a JSONL file or one of: "
+                           f"{', '.join(workload_presets())})")
+    out: list[Request] = []
+    with p.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(Request.model_validate(json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise ProfileError(f"{p}:{lineno}: invalid JSON ({e.msg}); one request object per line") from None
+            except ValidationError as e:
+                err = e.errors()[0]
+                loc = ".".join(str(x) for x in err["loc"]) or "line"
+                raise ProfileError(f"{p}:{lineno}: {loc}: {err['msg']} (expected {{\"prompt\": str, "
+                                   f"\"output_len\"?: int, \"domain\"?: str, \"arrival_s\"?: float}})") from None
+    if not out:
+        raise ProfileError(f"{p}: no requests (the file is empty)")
+    return out
+
+
+def preset_profile(name: str) -> WorkloadProfile:
+    w = workload_presets()[name]
+    return WorkloadProfile(
+        name=name, domain=w["domain"], prompt_len=Lengths(**w["prompt_len"]),
+        output_len=Lengths(**w["output_len"]), concurrency=w["concurrency"], slo=Slo(**w["slo"]),
+        temperature=w["temperature"],
+    )
+
+
+def prompts_of(workload: str) -> list[str]:
+    """The prompts a workload measures entropy on: the preset's samples or the file's prompts."""
+    presets = workload_presets()
+    if workload in presets:
+        return list(presets[workload]["prompts"])
+    return [r.prompt for r in read_requests(workload)]
+
+
+def file_profile(path: str, tokenize: Any = None) -> tuple[WorkloadProfile, list[str]]:
+    """Workload profile of a JSONL file, and notes on how lengths were obtained."""
+    reqs = read_requests(path)
+    notes: list[str] = []
+    if tokenize is not None:
+        plens = [float(len(tokenize(r.prompt))) for r in reqs]
+    else:
+        plens = [max(1.0, round(len(r.prompt) / CHARS_PER_TOKEN)) for r in reqs]
+        notes.append(f"prompt lengths estimated at {CHARS_PER_TOKEN:g} characters per token (no tokenizer)")
+    domains = {r.domain for r in reqs if r.domain}
+    domain = domains.pop() if len(domains) == 1 else "mixed"
+    if domain not in ("chat", "code", "math", "mixed"):
+        notes.append(f"domain '{domain}' is not one of chat/code/math/mixed; using mixed")
+        domain = "mixed"
+    base = preset_profile(domain)
+    olens = [float(r.output_len) for r in reqs if r.output_len is not None]
+    arrivals = sorted(r.arrival_s for r in reqs if r.arrival_s is not None)
+    rate = None
+    if len(arrivals) >= 2 and arrivals[-1] > arrivals[0]:
+        rate = round((len(arrivals) - 1) / (arrivals[-1] - arrivals[0]), 3)
+    if not olens:
+        notes.append(f"no output_len in the file; output lengths from the '{domain}' preset")
+    return WorkloadProfile(
+        name=Path(path).name, domain=domain, prompt_len=_lengths(plens),
+        output_len=_lengths(olens) if olens else base.output_len, concurrency=base.concurrency,
+        request_rate=rate, slo=base.slo, temperature=base.temperature,
+    ), notes
+
+
+def workload_profile(workload: str | None) -> tuple[WorkloadProfile, list[str]]:
+    """A preset name or a JSONL path (None: the chat preset)."""
+    name = workload or "chat"
+    presets = workload_presets()
+    if name.lower() in presets:
+        return preset_profile(name.lower()), []
+    if not name.endswith(".jsonl") and not Path(name).exists():
+        raise ProfileError(f"unknown workload '{name}'; use one of {', '.join(presets)} or a .jsonl file")
+    return file_profile(name)
+
+
+def runnable_model() -> Path | None:
+    """The project's tiny reference target when it has been built (dspark_core/assets/tiny/target)."""
+    return TINY_TARGET if (TINY_TARGET / "config.json").is_file() else None
+
+
+def measure_entropy(model_dir: Path, prompts: list[str], max_tokens: int = 256) -> Entropy:
+    """Mean and p90 next-token entropy (nats) of the target over the prompts' tokens, teacher-forced."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    ents: list[float] = []
+    with torch.inference_mode():
+        for text in prompts:
+            ids = tok(text, return_tensors="pt").input_ids[:, :max_tokens]  # [1, T]
+            if ids.shape[1] < 2:
+                continue
+            logits = model(input_ids=ids).logits[0, :-1].float()  # [T-1, V]
+            logp = torch.log_softmax(logits, dim=-1)
+            ents.extend((-(logp.exp() * logp).sum(-1)).tolist())
+    if not ents:
+        raise ProfileError("entropy: the workload's prompts are too short to measure (need 2+ tokens)")
+    return Entropy(mean=round(statistics.fmean(ents), 4), p90=round(_pct(ents, 0.9), 4))
