@@ -1,0 +1,88 @@
+"""The DSpark drafter and the schedulers inside the engine's round loop (random small models): greedy
+output identical to plain decoding for every head x scheduler, block lengths 1..16, mixed batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import engine_config, random_model
+
+from dspark_core.drafter import DraftConfig, DSparkDraftModel
+from dspark_core.dspark_runtime import DSparkDrafter
+from dspark_core.engine import Engine
+from dspark_core.sampling import SamplingParams
+from dspark_core.sps import SpsTable
+from dspark_core.verify_scheduler import build_verify_scheduler
+
+PROMPTS = [[1, 2, 3, 4, 5], [7], [9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], [3, 1, 4, 1, 5, 9, 2, 6]]
+SP = SamplingParams(max_new_tokens=20, ignore_eos=True)
+SPS = SpsTable.from_probes([(1, 1.0), (4, 0.95), (8, 0.7), (16, 0.5), (32, 0.3)], 256)
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.set_num_threads(1)  # tiny matmuls: threads only contend on the shared CI cores
+    return random_model(11)
+
+
+@pytest.fixture(scope="module")
+def plain(target) -> list[list[int]]:
+    eng = Engine(engine_config(method="plain"), target=target)
+    return [o.token_ids for o in eng.generate(PROMPTS, SP).outputs]
+
+
+def _drafter(target, head: str, block: int = 4) -> DSparkDrafter:
+    torch.manual_seed(5)
+    cfg = DraftConfig.for_target(target.arch, head=head, block_size=block, markov_rank=8, num_layers=1,
+                                 intermediate_size=32, target_layers=[0, 1])
+    m = DSparkDraftModel(cfg, target.embed, target.lm_head)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    return DSparkDrafter(m.eval())
+
+
+@pytest.mark.parametrize("head", ["none", "markov", "rnn"])
+@pytest.mark.parametrize("scheduler", ["verify_all", "threshold", "prefix", "async_topk"])
+def test_greedy_is_lossless_for_every_head_and_scheduler(head: str, scheduler: str, target, plain) -> None:
+    for block in (1, 3, 8, 16) if scheduler == "prefix" else (2, 7):
+        cfg = engine_config(block=block, max_requests=3, method="dspark")
+        cfg.spec.head = head  # type: ignore[assignment]
+        cfg.spec.scheduler = scheduler  # type: ignore[assignment]
+        cfg.spec.confidence_threshold = 0.3
+        sched = build_verify_scheduler(cfg, target, sps=SPS)
+        eng = Engine(cfg, target=target, drafter=_drafter(target, head), scheduler=sched)
+        gen = eng.generate(PROMPTS, SP)
+        assert [o.token_ids for o in gen.outputs] == plain, f"{head}/{scheduler} block {block}"
+        assert gen.stats.tau >= 1.0
+
+
+def test_sampling_runs_are_reproducible_and_carry_confidences(target) -> None:
+    cfg = engine_config(block=4, max_requests=2, method="dspark")
+    sp = SamplingParams(max_new_tokens=16, ignore_eos=True, temperature=0.9, top_k=20, seed=4)
+    runs = []
+    for _ in range(2):
+        drafter = _drafter(target, "markov")
+        eng = Engine(cfg, target=target, drafter=drafter,
+                     scheduler=build_verify_scheduler(cfg, target, sps=SPS))
+        runs.append([o.token_ids for o in eng.generate(PROMPTS, sp).outputs])
+    assert runs[0] == runs[1] and all(len(t) == 16 for t in runs[0])
+
+
+def test_proposal_shapes_and_calibrated_confidence(target) -> None:
+    from dspark_core.calibrate import StsCalibration
+    from dspark_core.drafters.base import DraftRequest
+
+    d = _drafter(target, "rnn")
+    hidden = torch.randn(6, d.model.cfg.context_width)
+    d.reset(0, [1, 2, 3, 4, 5, 6], hidden)
+    d.reset(1, [1, 2], hidden[:2])
+    reqs = [DraftRequest(slot=0, tokens=[1, 2, 3, 4, 5, 6, 7], gamma=3, sampling=SamplingParams()),
+            DraftRequest(slot=1, tokens=[1, 2, 8], gamma=0, sampling=SamplingParams())]
+    prop = d.propose(reqs)
+    assert prop.tokens.shape == (2, 3) and prop.num == [3, 0] and prop.probs is None
+    assert prop.confidence is not None and bool(((prop.confidence[0] > 0) & (prop.confidence[0] < 1)).all())
+    d.sts = StsCalibration(temperatures=[100.0, 100.0, 100.0])  # huge T: every confidence -> 0.5
+    prop2 = d.propose(reqs)
+    assert torch.equal(prop2.tokens, prop.tokens)
+    torch.testing.assert_close(prop2.confidence[0], torch.full((3,), 0.5), atol=0.05, rtol=0)
