@@ -1,0 +1,185 @@
+"""CLI of the tuner: `tune` (profile -> plan -> Optuna study -> bundle) and `export`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from kb.cli_common import DbOpt, JsonOpt, RulesOpt, console, err_console, print_json
+from tuner.errors import TunerError
+
+LOCAL_GPUS = ("auto", "cpu", "local")
+
+
+def _slug(s: str | None) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", (s or "x").lower()).strip("-")[:24] or "x"
+
+
+def _model_ref(profile) -> str | None:
+    src = profile.model.source
+    if src and Path(src).exists():
+        return src
+    return profile.model.name
+
+
+def resolve_profile(database, model: str | None, gpu: str | None, workload: str | None):
+    """The profile to tune: the latest stored one, with --model/--gpu/--workload overriding parts."""
+    from kb.store import latest_profile, save_profile
+    from profiler.build import build_profile
+
+    latest = latest_profile(database)
+    if latest is None and not model:
+        raise TunerError("no stored profile and no --model; run 'dspark profile --model NAME' first or pass --model")
+    if latest is not None and not (model or gpu or workload):
+        return latest
+    base = latest[1] if latest else None
+    profile = build_profile(model=model or _model_ref(base), gpu=gpu or (base.hw.name if base else None),
+                            workload=workload or (base.workload.name if base else None),
+                            measure=(gpu or "").lower() in LOCAL_GPUS)
+    return save_profile(database, profile), profile
+
+
+def _default_study(profile, plan_json: dict[str, Any], mode: str, objectives: list[str], seed: int) -> str:
+    digest = hashlib.sha256(json.dumps([profile.content_hash(), plan_json.get("space"), plan_json.get("fixed"),
+                                        mode, objectives, seed], sort_keys=True, default=str).encode()).hexdigest()
+    return "-".join([_slug(profile.model.name), _slug(profile.hw.name), _slug(profile.workload.name or
+                                                                              profile.workload.domain), mode,
+                     digest[:6]])
+
+
+def _progress_runner(db_url: str, name: str, trials: int, workers: int, timeout: float | None, quiet: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tuner import study as st
+
+    if quiet:
+        return st.run(db_url, name, trials, workers, timeout)
+    with Progress(TextColumn("[bold]tuning[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=err_console, transient=False) as bar:
+        task = bar.add_task("", total=trials)
+
+        def update(done: int, study) -> None:
+            best = max((t.values[0] for t in st.feasible_trials(study)), default=None)
+            bar.update(task, completed=min(done, trials),
+                       description=f"best {best:,.4g}" if best is not None else "no feasible trial yet")
+
+        opt = st.run(db_url, name, trials, workers, timeout, on_progress=update)
+        update(len(st.completed(opt)), opt)
+        return opt
+
+
+def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogue name, or auto/cpu = this "
+                                                       "device). Default: the stored profile's.")] = None,
+         model: Annotated[str | None, typer.Option(help="Model name or path (default: the stored profile's).")] = None,
+         workload: Annotated[str | None, typer.Option(help="Workload preset or JSONL file.")] = None,
+         study_name: Annotated[str | None, typer.Option("--study", help="Study name; an existing one resumes.")] = None,
+         mode: Annotated[str, typer.Option(help="auto (measure on this device, simulate otherwise), "
+                                                "simulate or measure.")] = "auto",
+         objective: Annotated[str, typer.Option(help="Comma-separated objectives: throughput, tpot_p99, "
+                                                     "ttft_p99, tau.")] = "throughput,tpot_p99",
+         trials: Annotated[int, typer.Option(min=1, help="Completed trials the study should reach.")] = 40,
+         timeout: Annotated[float | None, typer.Option(help="Seconds per worker before stopping early.")] = None,
+         seed: Annotated[int, typer.Option(help="Sampler and simulation seed.")] = 0,
+         workers: Annotated[int, typer.Option(min=1, max=64, help="Worker processes on this machine.")] = 1,
+         out: Annotated[Path, typer.Option(help="Bundle folder (written atomically).")] = Path("out"),
+         db: DbOpt = None, rules: RulesOpt = None, as_json: JsonOpt = False) -> None:
+    """Tune DSpark for a model, GPU and workload, then export the deployable bundle."""
+    from kb.commands import open_synced
+    from kb.db import resolve_url
+    from kb.errors import PlanConflict
+    from kb.match import match_profile
+    from kb.store import save_plan
+    from kb.sync import enabled_rules
+    from tuner import study as st
+    from tuner.export import export_study
+
+    objectives = [o.strip() for o in objective.split(",") if o.strip()]
+    st.directions(objectives)
+    if mode not in ("auto", "simulate", "measure"):
+        raise TunerError(f"--mode {mode!r}: choose auto, simulate or measure")
+    database, _ = open_synced(db, rules)
+    url = resolve_url(db)
+    resume = study_name is not None and not (model or gpu or workload) and _exists(url, study_name)
+    if not resume:
+        profile_id, profile = resolve_profile(database, model, gpu, workload)
+        try:
+            plan = match_profile(enabled_rules(database), profile)
+        except PlanConflict as e:
+            raise TunerError(f"the rules conflict for this profile: {e}") from None
+        plan_json = plan.model_dump(mode="json")
+        plan_id = save_plan(database, profile_id, plan_json, plan.rule_refs())
+        local = (profile.hw.arch == "cpu") or (gpu or "").lower() in LOCAL_GPUS
+        chosen = mode if mode != "auto" else ("measure" if local else "simulate")
+        slo = profile.workload.slo
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            tool = version("dspark-tune")
+        except PackageNotFoundError:
+            tool = "source"
+        spec = st.StudySpec(profile=profile.model_dump(mode="json", exclude_none=True), profile_id=profile_id,
+                            plan=plan_json, plan_id=plan_id, mode=chosen, objectives=objectives,
+                            slo_ttft_ms=slo.ttft_ms if slo else None, slo_tpot_ms=slo.tpot_ms if slo else None,
+                            seed=seed, tool_version=tool)
+        study_name = study_name or _default_study(profile, plan_json, chosen, objectives, seed)
+        st.open_study(url, study_name, spec)
+    done = _progress_runner(url, study_name, trials, workers, timeout, as_json)
+    result = export_study(url, study_name, out)
+    summary = {"study": study_name, "trials": len(st.completed(done)), **result.to_json()}
+    if as_json:
+        print_json(summary)
+    else:
+        _print_summary(summary)
+    if not result.meets_slo:
+        raise TunerError(f"no configuration met the SLOs in {summary['trials']} trials; {out}/ holds the closest "
+                         "one and report.md says by how much (loosen the SLOs, add GPUs or change the workload)")
+
+
+def _exists(url: str, name: str) -> bool:
+    import optuna
+
+    from tuner.study import storage
+
+    return name in {s.study_name for s in optuna.get_all_study_summaries(storage(url))}
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    mode = "SIMULATED" if s["mode"] == "simulate" else "MEASURED"
+    console.print(f"[bold]{mode}[/] study {s['study']}: {s['trials']} trials, exported trial {s['trial']} "
+                  f"{'(meets the SLOs)' if s['meets_slo'] else '[red](no trial met the SLOs)[/]'}")
+    m = s["metrics"]
+    if m:
+        console.print(f"  throughput {m.get('throughput', 0):,.0f} tok/s/GPU, "
+                      f"p99 TPOT {m.get('tpot_p99_ms', 0):.2f} ms, "
+                      f"p99 TTFT {m.get('ttft_p99_ms', 0):.0f} ms, tau {m.get('tau', 0):.2f}")
+    p = s["params"]
+    console.print(f"  gamma {p['spec.block_size']}, head {p['spec.head']}, scheduler {p['spec.scheduler']}, "
+                  f"max requests {p['batch.max_requests']}, weights {p['weights.dtype']}, kv {p['kv.dtype']}, "
+                  f"tp {p['parallel.tp']}")
+    console.print(f"  bundle: {s['out']}/ ({', '.join(s['files'])})")
+
+
+def export(study_name: Annotated[str, typer.Option("--study", help="Study to export.")],
+           out: Annotated[Path, typer.Option(help="Bundle folder (written atomically).")] = Path("out"),
+           db: DbOpt = None, as_json: JsonOpt = False) -> None:
+    """Re-export a study's best configuration as a bundle."""
+    from kb.db import open_db, resolve_url
+    from tuner.export import export_study
+
+    open_db(db)
+    result = export_study(resolve_url(db), study_name, out)
+    if as_json:
+        print_json(result.to_json())
+    else:
+        console.print(f"exported trial {result.trial_number} of {study_name} to {out}/ "
+                      f"({'meets' if result.meets_slo else 'does NOT meet'} the SLOs)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune")(tune)
+    app.command("export")(export)

@@ -1,0 +1,157 @@
+"""TunedConfig -> deployable bundle, written atomically into --out DIR.
+
+Renders the Jinja2 templates in tuner/templates/ (StrictUndefined: a missing value is an error,
+never an empty flag) into a temporary folder beside DIR, validates what it can (dspark.yaml
+through the engine's own pydantic model, sps.json through the SPS table model), then swaps the
+folder into place, so an error or a kill leaves either the old bundle or the new one, never half.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import TunerError
+from tuner.study import SPEC_ATTR, StudySpec, best_trial, completed, feasible_trials, make_evaluator, open_study
+from tuner.targets import sglang_context, sts_payload, vllm_context
+
+TEMPLATES = Path(__file__).parent / "templates"
+DSPARK_TEMPLATE = "dspark/v1/dspark.yaml.j2"
+SGLANG_TEMPLATE = "sglang/dspark-v1/sglang.sh.j2"
+VLLM_TEMPLATES = ("vllm/v0.11/vllm.json.j2", "vllm/v0.11/vllm.sh.j2")
+REPORT_TEMPLATE = "report/report.md.j2"
+
+
+@dataclass
+class ExportResult:
+    out: Path
+    files: list[str]
+    trial_number: int
+    meets_slo: bool
+    metrics: dict[str, float]
+    params: dict[str, Any]
+    mode: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"out": str(self.out), "files": self.files, "trial": self.trial_number, "meets_slo": self.meets_slo,
+                "metrics": self.metrics, "params": self.params, "mode": self.mode}
+
+
+def _env():  # -> jinja2.Environment
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True, autoescape=False)
+
+
+def _closest(study, spec: StudySpec):  # -> FrozenTrial
+    """When nothing meets the SLOs: the completed trial with the smallest total violation."""
+    trials = completed(study)
+    if not trials:
+        raise TunerError(f"study {study.study_name!r} has no completed trial to export; run tune first")
+    return min(trials, key=lambda t: (sum(max(0.0, v) for v in t.constraints.values()), t.number))
+
+
+def _check_writable(out: Path) -> Path:
+    parent = out.resolve().parent
+    if out.exists() and not out.is_dir():
+        raise TunerError(f"--out {out} exists and is not a folder; pass a folder path")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TunerError(f"cannot create {parent} for --out ({e.strerror}); pass a writable --out") from None
+    if not os.access(parent, os.W_OK):
+        raise TunerError(f"cannot write into {parent} for --out {out}; pass a writable --out")
+    return parent
+
+
+def export_study(db_url: str, name: str, out: Path) -> ExportResult:
+    """Export study `name`'s best SLO-feasible trial (or the closest one, flagged) as a bundle."""
+    from dspark_core.config import apply_params, save_config
+
+    parent = _check_writable(out)
+    study = open_study(db_url, name, None)
+    spec = StudySpec.model_validate(study.user_attrs[SPEC_ATTR])
+    best = best_trial(study, spec)
+    trial = best or _closest(study, spec)
+    from tuner.space import space_from_plan
+
+    space = space_from_plan(spec.plan_model())
+    params = space.params_of(dict(trial.params))
+    evaluator = make_evaluator(spec)
+    profile = spec.profile_model()
+    plan = spec.plan_model()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+    try:
+        config = apply_params(_base_config(spec), params)
+        config.spec.sps_path, config.spec.sts_path = "sps.json", "sts.json"
+        cfg_path = tmp / "dspark.yaml"
+        save_config(config, cfg_path)
+        common = {"study": name, "trial_number": trial.number, "mode": evaluator.mode,
+                  "hw_name": profile.hw.name or "device", "model_name": profile.model.name or "model"}
+        cfg_text = cfg_path.read_text()
+        env = _env()
+        cfg_path.write_text(env.get_template(DSPARK_TEMPLATE).render(config_yaml=cfg_text, **common))
+        from dspark_core.config import load_config
+
+        load_config(cfg_path)  # the engine's own model accepts what we wrote
+        sps = evaluator.sps_table(params)
+        sps.save(tmp / "sps.json")
+        (tmp / "sts.json").write_text(json.dumps(sts_payload(profile, params), indent=2) + "\n")
+        sg = sglang_context(profile, params)
+        (tmp / "sglang.sh").write_text(env.get_template(SGLANG_TEMPLATE).render(**common, **sg))
+        vctx = vllm_context(profile, params)
+        (tmp / "vllm.json").write_text(env.get_template(VLLM_TEMPLATES[0]).render(**common, **vctx))
+        (tmp / "vllm.sh").write_text(env.get_template(VLLM_TEMPLATES[1]).render(**common, **vctx))
+        for f in ("sglang.sh", "vllm.sh"):
+            (tmp / f).chmod(0o755)
+        from tuner.report import write_report
+
+        write_report(tmp, env.get_template(REPORT_TEMPLATE), study, spec, trial, best is not None, params, space,
+                     plan, profile, evaluator, sps, db_url, common)
+        metrics = dict(trial.user_attrs.get("metrics", {}))
+        (tmp / "provenance.json").write_text(json.dumps({
+            "study": name, "trial": trial.number, "mode": evaluator.mode, "meets_slo": best is not None,
+            "profile_hash": profile.content_hash(), "profile_id": spec.profile_id, "plan_id": spec.plan_id,
+            "rules": plan.rule_refs(), "params": params, "metrics": metrics,
+            "sps_table": "modelled" if evaluator.mode == "simulate" else "measured",
+            "tool_version": spec.tool_version, "exported_at": datetime.now(timezone.utc).isoformat()},
+            indent=2, default=str) + "\n")
+        _swap_in(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    files = sorted(p.name for p in out.iterdir())
+    return ExportResult(out, files, trial.number, best is not None, metrics, params, evaluator.mode)
+
+
+def _base_config(spec: StudySpec):  # -> EngineConfig
+    """The engine config the tuned parameters are applied to (model path when the profile has one)."""
+    from dspark_core.config import EngineConfig
+
+    cfg = EngineConfig()
+    src = spec.profile_model().model.source or ""
+    if src and Path(src).exists():
+        cfg.model.path = str(Path(src).resolve().parent if Path(src).is_file() else Path(src).resolve())
+    return cfg
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """Replace `out` by `tmp` with renames only (the old bundle is removed after the swap)."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def n_feasible(study) -> int:
+    return len(feasible_trials(study))

@@ -1,0 +1,107 @@
+"""Evaluators: parameters -> metrics, by simulation (a modelled GPU) or measurement (this device).
+
+A plug-in base in the Optuna spirit: `describe`, `evaluate` and `sps_table` are all a new
+evaluator has to provide; the study only talks to this interface.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+from profiler.schema import Profile
+
+OBJECTIVES: dict[str, tuple[str, str]] = {  # name -> (metric key, direction)
+    "throughput": ("throughput", "maximize"),  # output tokens per second per GPU
+    "tpot_p99": ("tpot_p99_ms", "minimize"),  # p99 time per output token
+    "ttft_p99": ("ttft_p99_ms", "minimize"),  # p99 time to first token
+    "tau": ("tau", "maximize"),  # accepted tokens per round
+}
+
+
+@dataclass
+class Evaluation:
+    metrics: dict[str, float]  # throughput, tpot_p99_ms, ttft_p99_ms, tau, ...
+    feasible: bool = True  # the configuration can run at all (memory fit, valid combination)
+    why: str = ""  # why not, when infeasible
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Evaluator(abc.ABC):
+    """Turns a full parameter set into metrics."""
+
+    mode: str  # "simulate" | "measure"
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """One line for reports: what is evaluated, on what, with which acceptance source."""
+
+    @abc.abstractmethod
+    def evaluate(self, params: dict[str, Any], seed: int = 0) -> Evaluation:
+        """Run (or model) the workload with `params`."""
+
+    @abc.abstractmethod
+    def sps_table(self, params: dict[str, Any]):  # -> dspark_core.sps.SpsTable
+        """The steps-per-second table to export with `params` (modelled or measured)."""
+
+
+def _dtype(value: str, profile: Profile) -> str:
+    if value in ("auto", None):
+        return "fp32" if profile.hw.arch == "cpu" else "bf16"
+    return value
+
+
+class SimulateEvaluator(Evaluator):
+    """The performance model of DESIGN.md section 5 driven by the engine's own schedulers."""
+
+    mode = "simulate"
+
+    def __init__(self, profile: Profile, n_requests: int = 48, efficiency=None) -> None:
+        from tuner.perf import Efficiency, Hardware, ModelShape
+
+        self.profile = profile
+        self.shape = ModelShape.from_profile(profile)
+        self.hw = Hardware.from_profile(profile)
+        self.eff = efficiency or Efficiency.default()
+        self.n_requests = n_requests
+
+    def perf(self, params: dict[str, Any]):  # -> PerfModel
+        from tuner.perf import PerfModel
+
+        return PerfModel(self.shape, self.hw, self.eff, weights_dtype=_dtype(params.get("weights.dtype"), self.profile),
+                         kv_dtype=_dtype(params.get("kv.dtype"), self.profile), tp=int(params.get("parallel.tp", 1)),
+                         cuda_graph_max_bs=int(params.get("batch.cuda_graph_max_bs") or 0))
+
+    def describe(self) -> str:
+        from tuner.acceptance import acceptance_for
+
+        src = acceptance_for(self.profile, "markov").source
+        return (f"simulated {self.profile.model.name or 'model'} on {self.hw.name or 'hardware'} "
+                f"(efficiencies: {self.eff.source}; acceptance {src})")
+
+    def evaluate(self, params: dict[str, Any], seed: int = 0) -> Evaluation:
+        from tuner.acceptance import acceptance_for
+        from tuner.simulate import simulate
+
+        fp8_weights = params.get("weights.dtype") in ("fp8",) or str(params.get("kv.dtype", "")).startswith("fp8")
+        if fp8_weights and self.profile.hw.fp8 is False:
+            return Evaluation({}, False, f"{self.hw.name} has no FP8 tensor cores")
+        count = self.profile.hw.count or 8
+        if int(params.get("parallel.tp", 1)) > count:
+            return Evaluation({}, False, f"tp {params['parallel.tp']} exceeds the {count} devices available")
+        res = simulate(params, self.profile, self.perf(params), acceptance_for(self.profile, params["spec.head"]),
+                       n_requests=self.n_requests, seed=seed)
+        metrics = {"throughput": res.throughput, "tpot_p99_ms": res.tpot_p99_ms, "ttft_p99_ms": res.ttft_p99_ms,
+                   "tpot_mean_ms": res.tpot_mean_ms, "tau": res.tau,
+                   "verify_tokens_per_step": res.verify_tokens_per_step}
+        return Evaluation(metrics, res.feasible, res.why_infeasible, res.extra)
+
+    def sps_table(self, params: dict[str, Any]):
+        from tuner.simulate import sps_table
+
+        w = self.profile.workload
+        ctx = (w.prompt_len.mean or w.prompt_len.p50 or 512) if w.prompt_len else 512
+        gamma = int(params["spec.block_size"])
+        budget = min(int(params["batch.max_tokens"]), int(params["batch.max_requests"]) * (gamma + 1))
+        return sps_table(self.perf(params), max(2, budget), ctx, int(params["batch.max_requests"]))

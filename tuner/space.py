@@ -1,0 +1,105 @@
+"""Plan -> Optuna search space: fixed stays fixed, ranges and choices become distributions.
+
+Parameters the plan does not mention keep the engine's defaults (dspark_core/config.py), so the
+full parameter set of every trial is `defaults | plan.fixed | sampled`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kb.match import Plan, SpaceEntry
+from kb.params import all_params, param_spec
+
+MAX_GRID = 64  # an int range with excluded values becomes categorical up to this many values
+
+
+def engine_defaults() -> dict[str, Any]:
+    """Every tunable parameter at the bundled engine's default, by dotted name."""
+    from dspark_core.config import EngineConfig
+
+    cfg = EngineConfig().model_dump(mode="json")
+    out: dict[str, Any] = {}
+    for name in all_params():
+        section, _, key = name.partition(".")
+        if isinstance(cfg.get(section), dict) and key in cfg[section]:
+            out[name] = cfg[section][key]
+    return out
+
+
+def _distribution(name: str, e: SpaceEntry):  # -> optuna.distributions.BaseDistribution
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    if e.kind == "choices":
+        return CategoricalDistribution(list(e.choices or []))
+    spec = param_spec(name)
+    is_int = spec is not None and spec.type == "int"
+    if is_int:
+        lo, hi = int(e.low), int(e.high)
+        step = int(e.step or 1)
+        if e.exclude:
+            values = [v for v in range(lo, hi + 1, step) if v not in e.exclude]
+            if len(values) <= MAX_GRID:
+                return CategoricalDistribution(values)
+        return IntDistribution(lo, hi, step=1 if e.log else step, log=bool(e.log))
+    return FloatDistribution(float(e.low), float(e.high), step=None if e.log else e.step, log=bool(e.log))
+
+
+@dataclass
+class SearchSpace:
+    """What a study searches, what it fixes, and where it starts."""
+
+    distributions: dict[str, Any]  # param -> optuna distribution
+    fixed: dict[str, Any]  # param -> value (plan.fixed)
+    defaults: dict[str, Any]  # param -> engine default (neither fixed nor searched)
+    warm_start: dict[str, Any]  # plan.prefer restricted to searched params
+
+    def params_of(self, sampled: dict[str, Any]) -> dict[str, Any]:
+        """The full parameter set of a trial."""
+        return {**self.defaults, **self.fixed, **sampled}
+
+    def suggest(self, trial) -> dict[str, Any]:  # trial: optuna.Trial
+        return self.params_of({n: _suggest(trial, n, d) for n, d in self.distributions.items()})
+
+
+def _suggest(trial, name: str, d) -> Any:
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    if isinstance(d, CategoricalDistribution):
+        return trial.suggest_categorical(name, d.choices)
+    if isinstance(d, IntDistribution):
+        return trial.suggest_int(name, d.low, d.high, step=d.step, log=d.log)
+    return trial.suggest_float(name, d.low, d.high, step=d.step, log=d.log)
+
+
+def space_from_plan(plan: Plan) -> SearchSpace:
+    dists = {name: _distribution(name, e) for name, e in sorted(plan.space.items())}
+    fixed = {k: v.value for k, v in plan.fixed.items()}
+    warm = {}
+    for k, p in plan.prefer.items():
+        if k in dists and dists[k]._contains(dists[k].to_internal_repr(p.value)):
+            warm[k] = p.value
+    defaults = {k: v for k, v in engine_defaults().items() if k not in fixed and k not in dists}
+    return SearchSpace(dists, fixed, defaults, warm)
+
+
+def unrestricted_space(plan: Plan) -> SearchSpace:
+    """The same parameters over their whole registry domains: what a search without rules faces."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    dists: dict[str, Any] = {}
+    for name in sorted(set(plan.space) | set(plan.fixed)):
+        spec = param_spec(name)
+        if spec is None or spec.domain is None and spec.type not in ("bool",):
+            continue
+        if spec.type == "bool":
+            dists[name] = CategoricalDistribution([False, True])
+        elif spec.type == "cat":
+            dists[name] = CategoricalDistribution(list(spec.domain))
+        elif spec.type == "int":
+            dists[name] = IntDistribution(int(spec.domain[0]), int(spec.domain[1]))
+        else:
+            dists[name] = FloatDistribution(float(spec.domain[0]), float(spec.domain[1]))
+    defaults = {k: v for k, v in engine_defaults().items() if k not in dists}
+    return SearchSpace(dists, {}, defaults, {})

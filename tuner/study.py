@@ -1,0 +1,212 @@
+"""Study lifecycle on the knowledge base's own database (Optuna RDBStorage on the same URL).
+
+Everything a worker needs to rebuild the objective (profile, plan, mode, objectives, SLOs) is
+stored in the study's user attributes, so a study resumes by name after Ctrl-C or kill -9, several
+processes (`--workers N`) or machines (one PostgreSQL URL) work on it together, and `export`
+re-exports it later. Stale RUNNING trials of a killed worker are failed by Optuna's heartbeat and
+retried; completed trials are committed one by one and never lost.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from kb.match import Plan
+from profiler.schema import Profile
+from tuner.errors import TunerError
+from tuner.objective import OBJECTIVES, Evaluator, SimulateEvaluator
+from tuner.space import SearchSpace, space_from_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC_ATTR = "dspark_spec"
+HEARTBEAT_S = 5
+GRACE_S = 15
+
+
+class StudySpec(BaseModel):
+    """How to rebuild a study's objective in any process (stored with the study)."""
+
+    profile: dict[str, Any]  # the Profile as JSON
+    profile_id: int | None = None
+    plan: dict[str, Any]  # the kb Plan as JSON
+    plan_id: int | None = None
+    mode: Literal["simulate", "measure"] = "simulate"
+    objectives: list[str] = ["throughput", "tpot_p99"]
+    slo_ttft_ms: float | None = None  # p99 TTFT limit (constraint)
+    slo_tpot_ms: float | None = None  # p99 TPOT limit (constraint)
+    seed: int = 0
+    n_requests: int = 48  # simulated requests per trial
+    tool_version: str = ""
+
+    def profile_model(self) -> Profile:
+        return Profile.model_validate(self.profile)
+
+    def plan_model(self) -> Plan:
+        return Plan.model_validate(self.plan)
+
+
+def storage(db_url: str):  # -> optuna.storages.RDBStorage
+    import warnings
+
+    import optuna
+    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if db_url.startswith("sqlite") else {
+        "pool_pre_ping": True}
+    return RDBStorage(db_url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                      heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2))
+
+
+def directions(objectives: list[str]) -> list[str]:
+    unknown = [o for o in objectives if o not in OBJECTIVES]
+    if unknown:
+        raise TunerError(f"unknown objective {unknown[0]!r}; choose from {', '.join(OBJECTIVES)}")
+    return [OBJECTIVES[o][1] for o in objectives]
+
+
+def make_evaluator(spec: StudySpec) -> Evaluator:
+    if spec.mode == "simulate":
+        return SimulateEvaluator(spec.profile_model(), n_requests=spec.n_requests)
+    from tuner.measure import MeasureEvaluator
+
+    return MeasureEvaluator(spec.profile_model())
+
+
+def open_study(db_url: str, name: str, spec: StudySpec | None):  # -> optuna.Study
+    """Load study `name`, or create it from `spec` (warm start enqueued once, here)."""
+    import optuna
+
+    st = storage(db_url)
+    names = {s.study_name for s in optuna.get_all_study_summaries(st)}
+    if name in names:
+        study = optuna.load_study(study_name=name, storage=st)
+        stored = StudySpec.model_validate(study.user_attrs[SPEC_ATTR])
+        if spec is not None and (spec.profile != stored.profile or spec.mode != stored.mode
+                                 or spec.objectives != stored.objectives):
+            raise TunerError(f"study {name!r} exists with another profile, mode or objectives; resume it "
+                             "with --study and no --model/--gpu/--objective, or pick a new --study name")
+        return study
+    if spec is None:
+        raise TunerError(f"no study named {name!r} in this database; list them with 'dspark kb stats'")
+    study = optuna.create_study(study_name=name, storage=st, directions=directions(spec.objectives))
+    study.set_user_attr(SPEC_ATTR, spec.model_dump(mode="json"))
+    space = space_from_plan(spec.plan_model())
+    if space.warm_start:
+        study.enqueue_trial(space.warm_start, skip_if_exists=True)
+    return study
+
+
+def objective_fn(space: SearchSpace, evaluator: Evaluator, spec: StudySpec) -> Callable[[Any], Any]:
+    def objective(trial) -> Any:
+        params = space.suggest(trial)
+        ev = evaluator.evaluate(params, seed=spec.seed)
+        trial.set_user_attr("mode", evaluator.mode)
+        trial.set_user_attr("feasible", ev.feasible)
+        if not ev.feasible:
+            trial.set_user_attr("why", ev.why)
+            trial.set_constraint("feasible", 1.0)
+            return tuple(0.0 if OBJECTIVES[o][1] == "maximize" else 1e9 for o in spec.objectives)
+        trial.set_user_attr("metrics", ev.metrics)
+        trial.set_constraint("feasible", 0.0)
+        if spec.slo_tpot_ms:
+            trial.set_constraint("slo_tpot", ev.metrics["tpot_p99_ms"] - spec.slo_tpot_ms)
+        if spec.slo_ttft_ms:
+            trial.set_constraint("slo_ttft", ev.metrics["ttft_p99_ms"] - spec.slo_ttft_ms)
+        return tuple(ev.metrics[OBJECTIVES[o][0]] for o in spec.objectives)
+
+    return objective
+
+
+def make_sampler(seed: int, worker: int = 0):  # -> optuna.samplers.BaseSampler
+    import optuna
+
+    return optuna.samplers.TPESampler(seed=seed * 1009 + worker, multivariate=True, n_startup_trials=8)
+
+
+def run_worker(db_url: str, name: str, n_trials: int, worker: int = 0, timeout: float | None = None,
+               callback: Callable[[Any, Any], None] | None = None) -> None:
+    """Run `n_trials` trials of study `name` in this process."""
+    import optuna
+
+    study = optuna.load_study(study_name=name, storage=storage(db_url), sampler=None)
+    spec = StudySpec.model_validate(study.user_attrs[SPEC_ATTR])
+    study.sampler = make_sampler(spec.seed, worker)
+    space = space_from_plan(spec.plan_model())
+    evaluator = make_evaluator(spec)
+    if not space.distributions:
+        n_trials = min(n_trials, 1)  # nothing to search: one evaluation of the fixed plan
+    study.optimize(objective_fn(space, evaluator, spec), n_trials=n_trials, timeout=timeout,
+                   callbacks=[callback] if callback else None, catch=())
+    del optuna
+
+
+def completed(study) -> list[Any]:
+    from optuna.trial import TrialState
+
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+
+def run(db_url: str, name: str, trials: int, workers: int = 1, timeout: float | None = None,
+        on_progress: Callable[[int, Any], None] | None = None):  # -> optuna.Study
+    """Bring study `name` to `trials` completed trials with `workers` processes (this one included)."""
+    import optuna
+
+    study = optuna.load_study(study_name=name, storage=storage(db_url))
+    remaining = max(0, trials - len(completed(study)))
+    if remaining == 0:
+        return study
+    shares = [remaining // workers + (1 if i < remaining % workers else 0) for i in range(workers)]
+    procs = [subprocess.Popen([sys.executable, "-m", "tuner.worker", db_url, name, str(share), str(i),
+                               str(timeout) if timeout else "none"], cwd=str(ROOT))
+             for i, share in enumerate(shares[1:], start=1) if share]
+
+    def cb(st, _trial) -> None:
+        if on_progress:
+            on_progress(len(completed(st)), st)
+
+    try:
+        run_worker(db_url, name, shares[0], 0, timeout, cb)
+        while any(p.poll() is None for p in procs):
+            time.sleep(0.3)
+            if on_progress:
+                on_progress(len(completed(study)), study)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=10)
+    failed = [p.returncode for p in procs if p.returncode]
+    if failed:
+        raise TunerError(f"{len(failed)} worker process(es) failed (exit {failed[0]}); completed trials are "
+                         f"kept: resume with --study {name}")
+    return optuna.load_study(study_name=name, storage=storage(db_url))
+
+
+def feasible_trials(study) -> list[Any]:
+    """Completed trials that run at all and meet every SLO constraint."""
+    from optuna.trial import TrialState
+
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if all(v <= 0 for v in t.constraints.values()):
+            out.append(t)
+    return out
+
+
+def best_trial(study, spec: StudySpec):  # -> FrozenTrial | None
+    """The exported trial: highest first objective among the SLO-feasible Pareto front."""
+    ok = feasible_trials(study)
+    if not ok:
+        return None
+    first = spec.objectives[0]
+    sign = 1 if OBJECTIVES[first][1] == "maximize" else -1
+    return max(ok, key=lambda t: (sign * t.values[0], -t.number))

@@ -1,0 +1,22 @@
+"""One tuning worker process: `python -m tuner.worker DB_URL STUDY N_TRIALS WORKER [TIMEOUT]`.
+
+`tune --workers N` starts N-1 of these beside itself; on other machines the same study is joined with
+`dspark tune --study NAME --db postgresql+psycopg://...`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from tuner.study import run_worker
+
+
+def main(argv: list[str]) -> int:
+    db_url, name, n_trials, worker = argv[0], argv[1], int(argv[2]), int(argv[3])
+    timeout = float(argv[4]) if len(argv) > 4 and argv[4] != "none" else None
+    run_worker(db_url, name, n_trials, worker, timeout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
