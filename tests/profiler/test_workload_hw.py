@@ -1,0 +1,98 @@
+"""Workload presets and JSONL files, entropy with a runnable model, CPU detection and microbenchmarks."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from profiler.catalog import workload_presets
+from profiler.hardware import detect, microbenchmarks
+from profiler.workload import CHARS_PER_TOKEN, file_profile, measure_entropy, preset_profile
+
+
+@pytest.mark.parametrize("name", ["chat", "code", "math", "mixed"])
+def test_presets_are_complete(name):
+    w = preset_profile(name)
+    assert w.domain == name and w.concurrency and w.slo and w.slo.tpot_ms
+    assert w.prompt_len.p50 <= w.prompt_len.p99 and w.output_len.p50 <= w.output_len.p99
+    assert workload_presets()[name]["source"]
+
+
+def test_jsonl_file_statistics(tmp_path):
+    reqs = [{"prompt": "x" * (40 * (i + 1)), "output_len": 10 * (i + 1), "domain": "code", "arrival_s": 0.5 * i}
+            for i in range(20)]
+    path = tmp_path / "reqs.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in reqs) + "\n")
+    w, notes = file_profile(str(path))
+    assert w.domain == "code" and w.name == "reqs.jsonl"
+    assert w.prompt_len.mean == pytest.approx(statistics.fmean(len(r["prompt"]) / CHARS_PER_TOKEN for r in reqs))
+    assert w.output_len.mean == pytest.approx(statistics.fmean(r["output_len"] for r in reqs))
+    assert w.output_len.p99 == max(r["output_len"] for r in reqs)
+    assert w.request_rate == pytest.approx((len(reqs) - 1) / reqs[-1]["arrival_s"])
+    assert any("characters per token" in n for n in notes)
+
+
+def test_mixed_domains_become_mixed(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"prompt": "a", "domain": "code"}\n{"prompt": "b", "domain": "math"}\n')
+    w, notes = file_profile(str(path))
+    assert w.domain == "mixed" and any("output lengths from" in n for n in notes)
+
+
+def _tiny_model(folder):
+    """A random 2-layer Qwen3 with a word-level tokenizer: a runnable stand-in for a target."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    words = "the a of to and is in it that for on with as was at by be this code math chat".split()
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64)
+    Qwen3ForCausalLM(cfg).save_pretrained(folder)
+    return len(vocab)
+
+
+def test_entropy_with_a_runnable_model(tmp_path):
+    import math
+
+    vocab = _tiny_model(tmp_path)
+    e = measure_entropy(tmp_path, ["the code is in the math", "a chat with it"])
+    assert 0 < e.mean <= math.log(vocab) + 1e-6  # entropy of a distribution over `vocab` tokens
+    assert 0 < e.p90 <= math.log(vocab) + 1e-6
+
+
+def test_build_profile_reports_skipped_entropy_without_a_runnable_model(monkeypatch):
+    import profiler.build as build
+
+    monkeypatch.setattr(build, "runnable_model", lambda: None)
+    p = build.build_profile("qwen3-0.6b", None, "chat", entropy=True)
+    assert p.workload.entropy is None and any("entropy not measured" in n for n in p.notes)
+
+
+def test_build_profile_measures_entropy_with_a_runnable_model(monkeypatch, tmp_path):
+    import profiler.build as build
+
+    _tiny_model(tmp_path)
+    monkeypatch.setattr(build, "runnable_model", lambda: tmp_path)
+    p = build.build_profile("qwen3-0.6b", None, "chat", entropy=True)
+    assert p.workload.entropy is not None and p.workload.entropy.mean > 0
+
+
+def test_cpu_detection_without_measurement():
+    hw = detect(measure=False)
+    assert hw.arch in ("cpu", "ampere", "ada", "hopper", "blackwell")
+    assert hw.memory_gb and hw.memory_gb > 0 and hw.measured is None
+
+
+def test_microbenchmarks_report_positive_ceilings():
+    steps: list[str] = []
+    m = microbenchmarks("cpu", progress=steps.append, min_s=0.02)
+    assert m.tflops_fp32 > 0 and m.tflops_bf16 > 0 and m.bandwidth_gbs > 0
+    assert len(steps) == 4
