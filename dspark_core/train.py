@@ -1,0 +1,258 @@
+"""Training a DSpark drafter against a frozen target (DSpark paper, section 3.3).
+
+Data: prompts (windows of source files) continued by the target itself; only positions inside the
+target-generated continuation serve as anchors. Each step samples sequences, runs the frozen target once
+over them (logits p_t and the hidden states of the chosen layers), draws `anchors_per_seq` random anchors
+per sequence and trains all blocks in one packed forward (DSparkDraftModel.forward_packed). Loss, with
+position weights w_k = exp(-(k-1)/gamma):
+
+    0.1 * sum_k w_k CE(p_d_k, x*_k) + 0.9 * sum_k w_k ||p_d_k - p_t_k||_1 + 1.0 * sum_k w_k BCE(c_k, c*_k),
+    c*_k = 1 - 0.5 ||p_d_k - p_t_k||_1 (detached),
+
+with teacher forcing for the sequential head (x_{k-1} = the true previous token). The target's embedding
+and LM head are shared and frozen; only the backbone, the head and the confidence head train.
+Checkpoints (weights + optimiser + step + data) go to `out/train_state.pt`; a rerun resumes from there.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from dspark_core.drafter import DraftConfig, DSparkDraftModel, save_drafter
+
+if TYPE_CHECKING:
+    from dspark_core.model import LeanModel
+
+STATE_FILE = "train_state.pt"  # resumable training state inside the output folder
+DATA_FILE = "train_data.pt"  # target-generated sequences (cached so a resume reuses them)
+
+
+@dataclass
+class LossWeights:
+    """Weights of the three loss terms (paper defaults)."""
+
+    ce: float = 0.1  # cross-entropy to the ground-truth token
+    tv: float = 0.9  # L1 distance between draft and target distributions
+    conf: float = 1.0  # BCE of the confidence head against 1 - TV
+
+
+@dataclass
+class TrainConfig:
+    """What `train-drafter` does; every field has a CLI option of the same name."""
+
+    head: str = "markov"  # none | markov | rnn
+    block_size: int = 16  # gamma trained for (inference may draft any gamma <= this)
+    num_layers: int = 2  # draft transformer layers
+    markov_rank: int = 64  # r of W1 / W2 (and RNN state width)
+    intermediate_size: int = 0  # SwiGLU width of the draft layers (0 = the target's)
+    target_layers: list[int] = field(default_factory=list)  # target layers for the context ([] = spread)
+    steps: int = 600  # optimiser steps
+    batch_seqs: int = 12  # sequences per step
+    anchors_per_seq: int = 6  # blocks per sequence per step
+    lr: float = 2e-3  # peak AdamW learning rate (cosine decay, linear warm-up)
+    warmup: int = 30  # warm-up steps
+    weight_decay: float = 0.01  # AdamW weight decay
+    seed: int = 0  # everything random derives from this
+    checkpoint_every: int = 100  # steps between resumable checkpoints
+    loss: LossWeights = field(default_factory=LossWeights)  # loss term weights
+
+
+@dataclass
+class TrainData:
+    """Sequences = prompt + target-generated continuation; anchors only at p >= prompt_len - 1."""
+
+    tokens: torch.Tensor  # [S, T] long
+    prompt_len: int  # tokens of prompt at the start of every row
+
+
+def position_weights(gamma: int) -> torch.Tensor:
+    """w_k = exp(-(k-1)/gamma), k = 1..gamma -> [gamma]."""
+    return torch.exp(-torch.arange(gamma, dtype=torch.float32) / gamma)
+
+
+def sample_anchors(n: int, a: int, lo: int, hi: int, gen: torch.Generator) -> torch.Tensor:
+    """[n, a] anchor positions uniform in [lo, hi] (inclusive)."""
+    return torch.randint(lo, hi + 1, (n, a), generator=gen)
+
+
+def drafter_loss(model: DSparkDraftModel, tokens: torch.Tensor, target_logits: torch.Tensor,
+                 target_hidden: torch.Tensor, anchors: torch.Tensor, weights: LossWeights
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The training objective on a batch; tokens [N, T], target_logits [N, T, V], hidden [N, T, W],
+    anchors [N, A] with p + gamma <= T - 1. Returns the loss and its terms (for logging)."""
+    g = model.cfg.block_size
+    block = model.forward_packed(tokens, target_hidden, anchors)
+    idx = anchors[:, :, None] + torch.arange(g, device=tokens.device)[None, None]  # [N, A, G]: x_{k-1} positions
+    n, a = anchors.shape
+    prev = tokens.gather(1, idx.reshape(n, -1)).view(n, a, g)  # x_0 = anchor, then true tokens
+    truth = tokens.gather(1, (idx + 1).reshape(n, -1)).view(n, a, g)  # x*_k
+    logits, conf = model.teacher_forced(block, prev)  # [N, A, G, V], [N, A, G]
+    v = logits.shape[-1]
+    p_t = torch.softmax(target_logits.float(), dim=-1).gather(
+        1, idx.reshape(n, -1, 1).expand(-1, -1, v)).view(n, a, g, v)  # target at the same positions
+    logp_d = torch.log_softmax(logits.float(), dim=-1)
+    l1 = (logp_d.exp() - p_t).abs().sum(-1)  # [N, A, G]
+    ce = -logp_d.gather(-1, truth[..., None]).squeeze(-1)
+    label = (1.0 - 0.5 * l1).detach().clamp(0.0, 1.0)
+    bce = F.binary_cross_entropy_with_logits(conf.float(), label, reduction="none")
+    w = position_weights(g).to(logits.device)
+    terms = {name: (t * w).sum(-1).mean() for name, t in (("ce", ce), ("tv", l1), ("conf", bce))}
+    loss = weights.ce * terms["ce"] + weights.tv * terms["tv"] + weights.conf * terms["conf"]
+    stats = {k: float(t.detach()) for k, t in terms.items()}
+    stats["accept"] = float((1.0 - 0.5 * l1.detach()).mean())  # mean per-position acceptance 1 - TV (teacher-forced)
+    return loss, stats
+
+
+@torch.no_grad()
+def generate_continuations(target: LeanModel, prompts: torch.Tensor, new_tokens: int, *, temperature: float,
+                           greedy_rows: int, seed: int) -> torch.Tensor:
+    """prompts [S, P] -> [S, P + new_tokens]: the first `greedy_rows` rows greedy, the rest sampled."""
+    s, p = prompts.shape
+    cache = target.new_cache(s, p + new_tokens + 1)
+    gen = torch.Generator().manual_seed(seed)
+    logits = target(prompts, cache, list(range(s)), last_only=True).logits[:, 0]  # [S, V]
+    out = [prompts]
+    for _ in range(new_tokens):
+        nxt = logits.argmax(-1)
+        if greedy_rows < s:
+            probs = torch.softmax(logits[greedy_rows:].float().cpu() / max(temperature, 1e-4), -1)
+            nxt[greedy_rows:] = torch.multinomial(probs, 1, generator=gen).squeeze(-1).to(nxt.device)
+        out.append(nxt[:, None].cpu())
+        logits = target(nxt[:, None], cache, list(range(s))).logits[:, 0]
+    return torch.cat(out, dim=1)
+
+
+def _save_atomic(obj: object, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def build_model(cfg: TrainConfig, target: LeanModel) -> DSparkDraftModel:
+    """A fresh drafter for `target` sized by `cfg`."""
+    over: dict[str, object] = dict(head=cfg.head, block_size=cfg.block_size, num_layers=cfg.num_layers,
+                                   markov_rank=cfg.markov_rank)
+    if cfg.intermediate_size:
+        over["intermediate_size"] = cfg.intermediate_size
+    if cfg.target_layers:
+        over["target_layers"] = list(cfg.target_layers)
+    dcfg = DraftConfig.for_target(target.arch, **over)
+    torch.manual_seed(cfg.seed)
+    return DSparkDraftModel(dcfg, target.embed, target.lm_head).to(target.device)
+
+
+def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Path,
+                  on_step: Callable[[int, dict[str, float]], None] | None = None) -> DSparkDraftModel:
+    """Train (or resume) a drafter; saves checkpoints and the final drafter (fp16) into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    model = build_model(cfg, target)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                            weight_decay=cfg.weight_decay)
+    start = 0
+    gen = torch.Generator().manual_seed(cfg.seed)
+    state_path = out / STATE_FILE
+    if state_path.is_file():
+        state = torch.load(state_path, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        start = int(state["step"])
+        gen.set_state(state["generator"])
+    g = cfg.block_size
+    n_seq, t = data.tokens.shape
+    lo, hi = max(1, data.prompt_len - 1), t - 1 - g
+    if hi < lo:
+        raise ValueError(f"sequences of {t} tokens are too short for blocks of {g} after a {data.prompt_len}-token "
+                         "prompt; generate longer continuations")
+    layers = tuple(model.cfg.target_layers)
+    model.train()
+    for step in range(start, cfg.steps):
+        lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup)) * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        rows = torch.randint(0, n_seq, (cfg.batch_seqs,), generator=gen)
+        tokens = data.tokens[rows].to(target.device)
+        with torch.no_grad():
+            t_logits, t_hidden = target.forward_full(tokens, hidden_layers=layers)
+        anchors = sample_anchors(cfg.batch_seqs, cfg.anchors_per_seq, lo, hi, gen).to(target.device)
+        loss, stats = drafter_loss(model, tokens, t_logits, t_hidden, anchors, cfg.loss)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        stats["loss"], stats["lr"] = float(loss), lr
+        if on_step:
+            on_step(step + 1, stats)
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            _save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
+                          "generator": gen.get_state(), "config": asdict(cfg)}, state_path)
+    model.eval()
+    model.cfg.extra.update({"train": asdict(cfg), "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    save_drafter(model, out)
+    return model
+
+
+@torch.no_grad()
+def evaluate_acceptance(model: DSparkDraftModel, target: LeanModel, data: TrainData, *, anchors_per_seq: int = 8,
+                        seed: int = 1) -> list[float]:
+    """Teacher-forced per-position greedy acceptance on `data`: P(draft argmax == target argmax at k |
+    the true prefix), averaged over random anchors. A quick check; the engine's bench is the real measure."""
+    g = model.cfg.block_size
+    gen = torch.Generator().manual_seed(seed)
+    n, t = data.tokens.shape
+    lo, hi = max(1, data.prompt_len - 1), t - 1 - g
+    hits = torch.zeros(g)
+    total = 0
+    for start in range(0, n, 16):
+        tokens = data.tokens[start:start + 16].to(target.device)
+        t_logits, t_hidden = target.forward_full(tokens, hidden_layers=tuple(model.cfg.target_layers))
+        anchors = sample_anchors(tokens.shape[0], anchors_per_seq, lo, hi, gen).to(target.device)
+        block = model.forward_packed(tokens, t_hidden, anchors)
+        idx = anchors[:, :, None] + torch.arange(g, device=tokens.device)[None, None]
+        b, a = anchors.shape
+        prev = tokens.gather(1, idx.reshape(b, -1)).view(b, a, g)
+        logits, _ = model.teacher_forced(block, prev)
+        best_t = t_logits.argmax(-1).gather(1, idx.reshape(b, -1)).view(b, a, g)
+        hits += (logits.argmax(-1) == best_t).float().sum(dim=(0, 1)).cpu()
+        total += b * a
+    return (hits / max(total, 1)).tolist()
+
+
+def stdlib_prompts(tokenizer_encode: Callable[[str], list[int]], files: list[Path], count: int, length: int,
+                   seed: int) -> torch.Tensor:
+    """`count` windows of `length` tokens from random files (a file too short is skipped) -> [count, length]."""
+    rng = random.Random(seed)
+    out: list[list[int]] = []
+    tries = 0
+    while len(out) < count and tries < count * 20:
+        tries += 1
+        path = rng.choice(files)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        ids = tokenizer_encode(text)
+        if len(ids) < length + 1:
+            continue
+        i = rng.randrange(0, len(ids) - length)
+        out.append(ids[i:i + length])
+    if len(out) < count:
+        raise ValueError(f"found only {len(out)} prompt windows of {length} tokens in {len(files)} files")
+    return torch.tensor(out)

@@ -1,0 +1,104 @@
+"""Drafter training on a small random target: the loss terms, learning, checkpoints and exact resume."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_model
+
+from dspark_core.drafter import load_drafter
+from dspark_core.train import (
+    STATE_FILE,
+    LossWeights,
+    TrainConfig,
+    TrainData,
+    build_model,
+    drafter_loss,
+    evaluate_acceptance,
+    generate_continuations,
+    position_weights,
+    train_drafter,
+)
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.set_num_threads(1)
+    return random_model(3, vocab=40)
+
+
+@pytest.fixture(scope="module")
+def data(target) -> TrainData:
+    prompts = torch.randint(1, 40, (24, 6), generator=torch.Generator().manual_seed(0))
+    tokens = generate_continuations(target, prompts, 26, temperature=1.0, greedy_rows=12, seed=0)
+    return TrainData(tokens=tokens, prompt_len=6)
+
+
+def _cfg(**kw) -> TrainConfig:
+    base = dict(head="markov", block_size=4, num_layers=1, markov_rank=8, intermediate_size=32, steps=40,
+                batch_seqs=8, anchors_per_seq=4, lr=1e-2, warmup=5, checkpoint_every=10, target_layers=[0, 1])
+    base.update(kw)
+    return TrainConfig(**base)  # type: ignore[arg-type]
+
+
+def test_position_weights() -> None:
+    w = position_weights(4)
+    assert w[0] == 1.0 and torch.allclose(w, torch.exp(-torch.arange(4) / 4.0))
+
+
+def test_continuations_are_the_targets_greedy_tokens(target, data) -> None:
+    tokens = data.tokens
+    assert tokens.shape == (24, 32)
+    logits, _ = target.forward_full(tokens[:12])
+    # greedy rows: every generated token is the argmax after its prefix
+    assert torch.equal(logits[:, 5:-1].argmax(-1), tokens[:12, 6:])
+
+
+def test_loss_terms_and_perfect_match(target, data) -> None:
+    model = build_model(_cfg(), target)
+    tokens = data.tokens[:4]
+    t_logits, hidden = target.forward_full(tokens, hidden_layers=(0, 1))
+    anchors = torch.tensor([[5, 9], [6, 12], [20, 27], [5, 5]])
+    loss, stats = drafter_loss(model, tokens, t_logits, hidden, anchors, LossWeights())
+    assert loss.requires_grad and set(stats) >= {"ce", "tv", "conf", "accept"}
+    assert 0.0 <= stats["accept"] <= 1.0 and stats["tv"] > 0
+    expect = 0.1 * stats["ce"] + 0.9 * stats["tv"] + 1.0 * stats["conf"]
+    assert float(loss) == pytest.approx(expect, rel=1e-5)
+
+
+@pytest.mark.parametrize("head", ["none", "markov", "rnn"])
+def test_training_improves_acceptance_and_saves_a_loadable_drafter(head: str, target, data, tmp_path) -> None:
+    cfg = _cfg(head=head, steps=60)
+    before = evaluate_acceptance(build_model(cfg, target), target, data)
+    losses: list[float] = []
+    model = train_drafter(target, data, cfg, tmp_path, on_step=lambda s, st: losses.append(st["loss"]))
+    after = evaluate_acceptance(model, target, data)
+    assert len(losses) == 60 and sum(losses[-10:]) < sum(losses[:10])
+    assert sum(after) > sum(before)
+    loaded = load_drafter(tmp_path, target)
+    assert loaded.cfg.head == head and (tmp_path / STATE_FILE).is_file()
+
+
+def test_resume_reproduces_an_uninterrupted_run(target, data, tmp_path) -> None:
+    cfg = _cfg(steps=20, checkpoint_every=5)
+    straight = train_drafter(target, data, cfg, tmp_path / "a")
+
+    class Stop(Exception):
+        pass
+
+    def crash(step: int, _stats: dict[str, float]) -> None:
+        if step == 13:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train_drafter(target, data, cfg, tmp_path / "b", on_step=crash)
+    assert torch.load(tmp_path / "b" / STATE_FILE, weights_only=False)["step"] == 10
+    resumed = train_drafter(target, data, cfg, tmp_path / "b")
+    for (k, v1), (_, v2) in zip(straight.state_dict().items(), resumed.state_dict().items(), strict=True):
+        torch.testing.assert_close(v1, v2, msg=k)
+
+
+def test_too_short_sequences_are_rejected(target, data, tmp_path) -> None:
+    short = TrainData(tokens=data.tokens[:, :8], prompt_len=6)
+    with pytest.raises(ValueError, match="too short"):
+        train_drafter(target, short, _cfg(), tmp_path)
