@@ -109,13 +109,20 @@ class Engine:
         self._sync()
         t0 = time.perf_counter()
         while queue or running:
-            while queue and free:
-                i = queue.pop()
-                req = self._admit(i, encoded[i], free.pop(), sp, stop)
-                if req.finish:
-                    outputs[i] = self._finish(req, free, stats)
-                else:
-                    running.append(req)
+            if queue and free:
+                batch: list[tuple[int, list[int], int]] = []
+                budget = self.config.batch.max_tokens
+                while queue and free:
+                    longest = max([len(encoded[queue[-1]])] + [len(x[1]) for x in batch])
+                    if batch and longest * (len(batch) + 1) > budget:
+                        break
+                    i = queue.pop()
+                    batch.append((i, encoded[i], free.pop()))
+                for req in self._admit(batch, sp, stop):
+                    if req.finish:
+                        outputs[req.index] = self._finish(req, free, stats)
+                    else:
+                        running.append(req)
             if not running:
                 continue
             self._round(running, sp, stop, stats)
@@ -145,20 +152,29 @@ class Engine:
             raise DSparkError(f"prompt {i} has token ids outside the vocabulary [0, {vocab}); check the tokenizer")
         return ids
 
-    def _admit(self, index: int, ids: list[int], slot: int, sp: SamplingParams, stop: set[int]) -> _Running:
-        """Prefill the prompt into `slot`, sample the first token, reset the drafter for this slot."""
-        gen = None if sp.greedy else torch.Generator().manual_seed(sp.seed + index)
-        req = _Running(index=index, slot=slot, tokens=list(ids), prompt_len=len(ids), generator=gen)
-        self.cache.truncate(slot, 0)
+    def _admit(self, batch: list[tuple[int, list[int], int]], sp: SamplingParams, stop: set[int]) -> list[_Running]:
+        """Prefill (index, prompt ids, slot) rows in one padded forward, sample each first token, reset drafter."""
+        lens = [len(ids) for _, ids, _ in batch]
+        inp = torch.zeros(len(batch), max(lens), dtype=torch.long)
+        for j, (_, ids, slot) in enumerate(batch):
+            inp[j, : len(ids)] = torch.tensor(ids)
+            self.cache.truncate(slot, 0)
         layers = self.drafter.hidden_layers if self.drafter else ()
-        out = self.target(torch.tensor([ids]), self.cache, [slot], hidden_layers=layers, last_only=True)
-        logits = out.logits[0, -1]
-        tok = int(logits.argmax()) if sp.greedy else int(
-            torch.multinomial(sampling_probs(logits, sp).cpu(), 1, generator=gen))
-        if self.drafter:
-            self.drafter.reset(slot, list(ids), out.hidden[0] if out.hidden is not None else None)
-        self._commit(req, [tok], sp, stop)
-        return req
+        out = self.target(inp, self.cache, [s for _, _, s in batch], lens, hidden_layers=layers, last_only=True)
+        first = out.logits[:, 0].argmax(-1).tolist() if sp.greedy else None
+        reqs = []
+        for j, (index, ids, slot) in enumerate(batch):
+            gen = None if sp.greedy else torch.Generator().manual_seed(sp.seed + index)
+            req = _Running(index=index, slot=slot, tokens=list(ids), prompt_len=len(ids), generator=gen)
+            if first is not None:
+                tok = first[j]
+            else:
+                tok = int(torch.multinomial(sampling_probs(out.logits[j, 0], sp).cpu(), 1, generator=gen))
+            if self.drafter:
+                self.drafter.reset(slot, list(ids), out.hidden[j, : len(ids)] if out.hidden is not None else None)
+            self._commit(req, [tok], sp, stop)
+            reqs.append(req)
+        return reqs
 
     def _commit(self, req: _Running, new: list[int], sp: SamplingParams, stop: set[int]) -> list[int]:
         """Append tokens up to EOS / max_new_tokens; returns what was kept."""

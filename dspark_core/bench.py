@@ -1,0 +1,232 @@
+"""`bench`: methods run in one process on the same prompts, interleaved and repeated; one row per method.
+
+Methods: `plain` (our runner, no speculation), `hf_assisted` (transformers' assisted generation with the
+same target and the small draft model: the peer), `ar_draft` (our loop, same draft model), `ngram`
+(prompt lookup), and part 2's DSpark drafters by name: `dflash` (head none), `dspark_markov`, `dspark_rnn`,
+with an optional `/scheduler` suffix (`dspark_markov/prefix`). Rows follow DESIGN.md section 3.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from dspark_core.config import EngineConfig, apply_params
+from dspark_core.errors import DSparkError
+from dspark_core.sampling import SamplingParams
+from dspark_core.stats import GenStats
+
+if TYPE_CHECKING:
+    from dspark_core.model import LeanModel
+    from dspark_core.tokenizer import Tokenizer
+
+BASE_METHODS = ("plain", "hf_assisted", "ar_draft", "ngram")  # the part-1 methods, default selection
+HEADS = {"dflash": "none", "dspark_markov": "markov", "dspark_rnn": "rnn"}  # DSpark method -> spec.head
+SCHEDULERS = ("verify_all", "threshold", "prefix", "async_topk")  # valid `/scheduler` suffixes
+
+
+def method_params(name: str, config: EngineConfig) -> dict[str, Any]:
+    """Engine parameters of an engine-backed method name; DSparkError for an unknown one."""
+    base, _, sched = name.partition("/")
+    if sched and sched not in SCHEDULERS:
+        raise DSparkError(f"method {name!r}: unknown scheduler {sched!r}; use one of {', '.join(SCHEDULERS)}")
+    if base == "plain":
+        params: dict[str, Any] = {"drafter.method": "plain"}
+    elif base == "ar_draft":
+        params = {"drafter.method": "ar_draft", "drafter.path": config.drafter.path}
+    elif base == "ngram":
+        params = {"drafter.method": "ngram"}
+    elif base in HEADS:
+        params = {"drafter.method": "dspark", "spec.head": HEADS[base], "drafter.path": None}
+    else:
+        known = ", ".join([*BASE_METHODS, *HEADS])
+        raise DSparkError(f"unknown bench method {name!r}; choose from {known} (DSpark ones may add /scheduler)")
+    if sched:
+        params["spec.scheduler"] = sched
+    return params
+
+
+class Method(Protocol):
+    """A generation method under test."""
+
+    name: str
+
+    def run(self, prompts: list[list[int]], sp: SamplingParams) -> tuple[list[list[int]], GenStats]:
+        """Generate for every prompt; (token ids per prompt without EOS, stats with wall seconds)."""
+        ...
+
+
+@dataclass
+class EngineMethod:
+    """Our engine with one configuration; the target model object is shared between methods."""
+
+    name: str
+    config: EngineConfig
+    target: LeanModel
+    tokenizer: Tokenizer
+    engine: Any = None
+
+    def __post_init__(self) -> None:
+        from dspark_core.engine import Engine
+
+        self.engine = Engine(self.config, target=self.target, tokenizer=self.tokenizer)
+
+    def run(self, prompts: list[list[int]], sp: SamplingParams) -> tuple[list[list[int]], GenStats]:
+        gen = self.engine.generate(prompts, sp)
+        gen.stats.method = self.name
+        return [o.token_ids for o in gen.outputs], gen.stats
+
+
+@dataclass
+class HFAssistedMethod:
+    """transformers `generate(assistant_model=...)` with its default assistant schedule, one prompt at a time."""
+
+    name: str
+    target_path: str
+    draft_path: str
+    eos: set[int]
+    model: Any = None
+    assistant: Any = None
+
+    def __post_init__(self) -> None:
+        import torch
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(self.target_path, dtype=torch.float32).eval()
+        self.assistant = transformers.AutoModelForCausalLM.from_pretrained(self.draft_path,
+                                                                           dtype=torch.float32).eval()
+
+    def run(self, prompts: list[list[int]], sp: SamplingParams) -> tuple[list[list[int]], GenStats]:
+        import torch
+
+        stats = GenStats(method=self.name, requests=len(prompts))
+        outs: list[list[int]] = []
+        kwargs: dict[str, Any] = {"do_sample": False}
+        if not sp.greedy:
+            kwargs = {"do_sample": True, "temperature": sp.temperature, "top_k": sp.top_k or None,
+                      "top_p": sp.top_p}
+        eos = None if sp.ignore_eos else sorted(self.eos)
+        t0 = time.perf_counter()
+        for i, ids in enumerate(prompts):
+            if not sp.greedy:
+                torch.manual_seed(sp.seed + i)
+            inp = torch.tensor([ids])
+            with torch.inference_mode():
+                out = self.model.generate(inp, attention_mask=torch.ones_like(inp), assistant_model=self.assistant,
+                                          max_new_tokens=sp.max_new_tokens, eos_token_id=eos,
+                                          pad_token_id=sorted(self.eos)[0] if self.eos else 0, **kwargs)
+            new = out[0, len(ids) :].tolist()
+            if not sp.ignore_eos:
+                cut = [j for j, t in enumerate(new) if t in self.eos]
+                new = new[: cut[0]] if cut else new
+            outs.append(new)
+            stats.generated_tokens += len(new)
+        stats.seconds = time.perf_counter() - t0
+        return outs, stats
+
+
+@dataclass
+class Row:
+    """Accumulated measurements of one method."""
+
+    name: str  # method name
+    seconds: float = 0.0  # timed wall seconds over all repeats
+    tokens: int = 0  # generated tokens over all repeats
+    stats: GenStats | None = None  # stats of the first repeat (tau, acceptance: deterministic under greedy)
+    outputs: list[list[int]] = field(default_factory=list)  # outputs of the first repeat
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per timed second."""
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class BenchSpec:
+    """What to run."""
+
+    prompts: list[list[int]]  # token ids per prompt
+    methods: list[str]  # method names, in the order rows are printed
+    sampling: SamplingParams  # max_new_tokens, temperature, ...
+    repeats: int = 3  # timed passes per method, interleaved
+    concurrency: int = 1  # requests in flight (engine batch slots); hf_assisted always runs one at a time
+    block_size: int | None = None  # spec.block_size override (None = the config's)
+
+
+def build_methods(spec: BenchSpec, config: EngineConfig, target: LeanModel, tokenizer: Tokenizer) -> list[Method]:
+    """Instantiate every method once (loading weights is not timed)."""
+    base = apply_params(config, {"batch.max_requests": spec.concurrency, "spec.enabled": True})
+    if spec.block_size is not None:
+        base = apply_params(base, {"spec.block_size": spec.block_size})
+    need = max(len(p) for p in spec.prompts) + spec.sampling.max_new_tokens + 64
+    if need > base.model.max_seq_len:
+        base = apply_params(base, {"model.max_seq_len": need})
+    methods: list[Method] = []
+    for name in spec.methods:
+        if name == "hf_assisted":
+            if not base.drafter.path:
+                raise DSparkError("hf_assisted needs drafter.path (the small draft model); set it in the config")
+            methods.append(HFAssistedMethod(name, base.model.path, base.drafter.path, set(target.arch.eos_ids)))
+        else:
+            cfg = apply_params(base, method_params(name, base))
+            methods.append(EngineMethod(name, cfg, target, tokenizer))
+    return methods
+
+
+def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> list[Row]:
+    """Warm every method up, then `repeats` interleaved timed passes (method order rotates each pass)."""
+    rows = {m.name: Row(m.name) for m in methods}
+    warm = [spec.prompts[0][:32]]
+    for m in methods:
+        m.run(warm, spec.sampling.model_copy(update={"max_new_tokens": min(8, spec.sampling.max_new_tokens)}))
+    task = progress.add_task("bench", total=spec.repeats * len(methods)) if progress else None
+    for rep in range(spec.repeats):
+        order = methods[rep % len(methods) :] + methods[: rep % len(methods)]
+        for m in order:
+            outs, stats = m.run(spec.prompts, spec.sampling)
+            row = rows[m.name]
+            row.seconds += stats.seconds
+            row.tokens += stats.generated_tokens
+            if row.stats is None:
+                row.stats, row.outputs = stats, outs
+            if progress:
+                progress.update(task, advance=1)
+    return [rows[m.name] for m in methods]
+
+
+def report(spec: BenchSpec, rows: list[Row], device: str) -> dict[str, Any]:
+    """The bench JSON (DESIGN.md section 3)."""
+    plain = next((r for r in rows if r.name == "plain"), None)
+    out_methods = []
+    for r in rows:
+        st = r.stats
+        lossless: bool | None = None
+        if spec.sampling.greedy and plain is not None:
+            lossless = r.outputs == plain.outputs
+        speculative = st is not None and st.rounds > 0 and r.name not in ("plain", "hf_assisted")
+        out_methods.append({
+            "name": r.name,
+            "tokens_per_s": round(r.tokens_per_s, 2),
+            "speedup": round(r.tokens_per_s / plain.tokens_per_s, 3) if plain and plain.tokens_per_s else None,
+            "tau": round(st.tau, 4) if speculative and st else (1.0 if r.name == "plain" else None),
+            "position_acceptance": [round(x, 4) for x in st.position_acceptance] if speculative and st else [],
+            "lossless": lossless,
+            "verify_tokens_per_step": round(st.verify_tokens_per_step, 3) if st and st.steps else None,
+            "generated_tokens": r.tokens,
+            "seconds": round(r.seconds, 3),
+        })
+    return {"device": device, "prompts": len(spec.prompts), "max_new_tokens": spec.sampling.max_new_tokens,
+            "temperature": spec.sampling.temperature, "repeats": spec.repeats, "concurrency": spec.concurrency,
+            "block_size": spec.block_size, "methods": out_methods}
+
+
+def device_name(target: LeanModel) -> str:
+    """Human-readable device of the run."""
+    import torch
+
+    if target.device.type == "cuda":
+        return torch.cuda.get_device_name(target.device)
+    return f"cpu ({torch.get_num_threads()} threads)"

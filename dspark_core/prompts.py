@@ -1,0 +1,45 @@
+"""Prompt / workload JSONL files: one request per line, `{"prompt": "...", "output_len"?, "domain"?, "arrival_s"?}`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dspark_core.errors import DSparkError
+
+
+class PromptRecord(BaseModel):
+    """One line of a prompt file (DESIGN.md section 3)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt: str = Field(min_length=1)  # the request text
+    output_len: int | None = Field(None, ge=1)  # tokens to generate (bench uses --max-new-tokens)
+    domain: str | None = None  # chat | code | math | mixed
+    arrival_s: float | None = Field(None, ge=0.0)  # arrival time for workload replays
+
+
+def load_prompts(path: str | Path, limit: int | None = None) -> list[PromptRecord]:
+    """Read a JSONL prompt file; one-line DSparkError naming the file and line for any bad line."""
+    p = Path(path)
+    if not p.is_file():
+        raise DSparkError(f"prompt file {p} not found; pass a JSONL file with one {{\"prompt\": ...}} per line")
+    records: list[PromptRecord] = []
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(PromptRecord.model_validate(json.loads(line)))
+        except json.JSONDecodeError:
+            raise DSparkError(f"{p}:{n}: not valid JSON; each line must be one JSON object") from None
+        except ValidationError as e:
+            err = e.errors()[0]
+            loc = ".".join(str(x) for x in err["loc"]) or "line"
+            raise DSparkError(f"{p}:{n}: {loc}: {err['msg']} (each line needs a non-empty \"prompt\")") from None
+        if limit is not None and len(records) >= limit:
+            break
+    if not records:
+        raise DSparkError(f"prompt file {p} has no prompts; add lines like {{\"prompt\": \"def f(\"}}")
+    return records

@@ -1,0 +1,61 @@
+"""Shared fixtures: the committed tiny models and small random models (no training in tests)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from dspark_core.arch import ArchConfig  # noqa: E402
+from dspark_core.config import ASSETS, EngineConfig  # noqa: E402
+from dspark_core.model import LeanModel  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_target() -> LeanModel:
+    """The committed reference target (fp32 on CPU)."""
+    from dspark_core.checkpoint import load_model
+
+    torch.set_num_threads(2)
+    return load_model(ASSETS / "target", "cpu", "fp32")
+
+
+@pytest.fixture(scope="session")
+def tiny_draft() -> LeanModel:
+    """The committed reference draft model (fp32 on CPU)."""
+    from dspark_core.checkpoint import load_model
+
+    return load_model(ASSETS / "draft", "cpu", "fp32")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():  # noqa: ANN201 - dspark_core.tokenizer.Tokenizer
+    from dspark_core.tokenizer import Tokenizer
+
+    return Tokenizer.load(ASSETS / "target")
+
+
+def random_model(seed: int, vocab: int = 48, layers: int = 2) -> LeanModel:
+    """A small random-weight Qwen3-architecture model (deterministic)."""
+    torch.manual_seed(seed)
+    arch = ArchConfig(model_type="qwen3", vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                      qk_norm=True)
+    model = LeanModel(arch)
+    with torch.no_grad():  # sharpen the logits so greedy runs are not all ties
+        model.lm_head.weight.mul_(8.0)
+    return model.eval()
+
+
+def engine_config(block: int = 4, max_requests: int = 4, method: str = "ar_draft") -> EngineConfig:
+    """A CPU engine config for tests."""
+    cfg = EngineConfig(device="cpu")
+    cfg.spec.block_size = block
+    cfg.batch.max_requests = max_requests
+    cfg.model.max_seq_len = 512
+    cfg.drafter.method = method  # type: ignore[assignment]
+    return cfg
