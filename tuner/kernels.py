@@ -14,7 +14,6 @@ wiring, storage and lookup on a CPU.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,8 +58,10 @@ class KernelResult:
 
 
 def gpu_key(name: str) -> str:
-    """Normalised GPU name used as the table key: 'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
-    return re.sub(r"[^a-z0-9]+", "-", name.strip().lower()).strip("-") or "unknown"
+    """Normalised GPU name used as the table key (the engine normalises the same way when it loads)."""
+    from dspark_core.kernels.spec import gpu_key as key
+
+    return key(name)
 
 
 def local_gpu() -> tuple[str, str]:
@@ -268,3 +269,11 @@ def run_tuning(jobs: list[KernelJob], timer: Timer, *, gpu: str, arch: str, n_tr
             progress(job)
     save_results(db, results, triton_version)
     return results
+
+
+def kernels_json(db: Any, gpu: str, kernels: Iterable[str] | None = None) -> dict[str, Any]:
+    """The bundle's kernels.json content for `gpu` (read back by dspark_core.kernels.spec.load_tuned_file)."""
+    import triton
+
+    return {"gpu": gpu_key(gpu), "triton": triton.__version__,
+            "configs": lookup_kernel_configs(db, gpu, kernels)}

@@ -9,10 +9,13 @@ so the table is plain data (a mapping loaded from the bundle's `kernels.json` or
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -100,6 +103,33 @@ def load_tuned(table: Mapping[str, Mapping[str, Mapping[str, int]]]) -> None:
                 _TUNED[(kernel, bucket)] = {k: int(v) for k, v in cfg.items()}
 
 
+def gpu_key(name: str) -> str:
+    """Normalised GPU name keying tuned configs: 'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
+    return re.sub(r"[^a-z0-9]+", "-", name.strip().lower()).strip("-") or "unknown"
+
+
+def load_tuned_file(path: str | Path, device: torch.device | str | None = None) -> bool:
+    """Install a bundle's kernels.json (`{"gpu": key, "configs": {kernel: {bucket: config}}}`).
+
+    Returns False (and installs nothing) when the bundle was tuned on another GPU model than `device`
+    (configs tuned elsewhere would only cost speed, but the defaults are the better guess). ValueError
+    with the file name when the file is not such a table.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+        gpu, configs = str(data["gpu"]), data["configs"]
+        table = {str(k): {str(b): {str(n): int(v) for n, v in c.items()} for b, c in bs.items()}
+                 for k, bs in configs.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: not a kernels.json table ({type(e).__name__}: {e}); re-export the bundle") \
+            from None
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda" and gpu_key(torch.cuda.get_device_name(dev)) != gpu:
+        return False
+    load_tuned(table)
+    return True
+
+
 def clear_tuned() -> None:
     with _LOCK:
         _TUNED.clear()
@@ -161,7 +191,3 @@ def _is_interpreted(kernel: Any) -> bool:
 
 def cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
-
-
-# A kernel module's interface for the tuner and the GPU benchmark (see registry.py).
-MakeInputs = Callable[[Mapping[str, int], torch.device, int], dict[str, Any]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import optuna
@@ -91,9 +92,14 @@ def test_store_lookup_and_engine_resolution(tmp_path) -> None:
     again = kt.lookup_kernel_configs(db, gpu)
     assert again["swiglu"][jobs[0].bucket] == better and len(again["rmsnorm"]) == 2
     # the engine path: the bundle's table goes into the kernels' config resolution
-    kspec.load_tuned(again)
+    bundle = tmp_path / "kernels.json"
+    bundle.write_text(json.dumps(kt.kernels_json(db, "NVIDIA Fake GPU 80GB")))
+    assert kspec.load_tuned_file(bundle, "cpu")
     entry = registry.get_entry("swiglu")
     assert kspec.resolve_config(entry.spec, entry.bucket(jobs[0].shape), "cpu") == better
+    bundle.write_text("{not json")
+    with pytest.raises(ValueError, match="kernels.json"):
+        kspec.load_tuned_file(bundle)
 
 
 def test_dobench_timer_checks_against_the_reference(monkeypatch) -> None:
