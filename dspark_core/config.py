@@ -54,6 +54,10 @@ class SpecSection(_Section):
     draft_layers: int = Field(2, ge=1, le=8)  # transformer layers in the parallel draft backbone
     markov_rank: int = Field(256, ge=16, le=1024)  # rank r of the Markov head's bigram bias
     draft_kv_dtype: Literal["auto", "bf16", "fp8"] = "auto"  # dtype of the drafter's context KV
+    draft_window: int = Field(0, ge=0, le=1048576)  # sliding window of the drafter's target context (0 = all)
+    sts_calibration: bool = True  # apply per-position STS temperatures to confidences before scheduling
+    disable_batch_size: int = Field(0, ge=0, le=4096)  # running requests above which speculation is off (0 = never)
+    align_verify_to_graph: bool = False  # pad verify lengths up to the CUDA-graph token bucket
     sps_path: str | None = None  # SGLang SpsCostTable JSON (prefix scheduler); None = profile at start
     sts_path: str | None = None  # SGLang DSparkStsCalibration JSON (confidence temperatures)
 
@@ -66,12 +70,15 @@ class BatchSection(_Section):
     timeout_ms: float = Field(0.0, ge=0.0, le=1000.0)  # how long the batcher waits to fill a batch
     chunked_prefill: int = Field(0, ge=0, le=65536)  # prefill chunk size in tokens (0 = off)
     cuda_graph_max_bs: int = Field(0, ge=0, le=1024)  # largest batch captured in a CUDA graph (0 = none)
+    schedule_conservativeness: float = Field(1.0, ge=0.0, le=2.0)  # KV admission caution (lower = aggressive)
 
 
 class MemorySection(_Section):
     """Memory (`memory.*`)."""
 
     fraction_static: float = Field(0.85, ge=0.3, le=0.98)  # fraction of GPU memory for weights + KV pool
+    page_size: int = Field(1, ge=1, le=256)  # KV-cache page size in tokens
+    hierarchical_cache: bool = False  # spill evicted KV pages to host memory instead of recomputing
 
 
 class KVSection(_Section):
@@ -98,6 +105,14 @@ class ParallelSection(_Section):
     tp: int = Field(1, ge=1, le=64)  # tensor-parallel size
     ep: int = Field(1, ge=1, le=64)  # expert-parallel size (MoE)
     dp: int = Field(1, ge=1, le=64)  # data-parallel replicas
+    pp: int = Field(1, ge=1, le=64)  # pipeline-parallel stages
+    dp_attention: bool = False  # data-parallel attention beside TP/EP MLP (MoE, MLA)
+
+
+class MoESection(_Section):
+    """Mixture-of-experts serving (`moe.*`); not run by the bundled engine, exported for serving stacks."""
+
+    a2a_backend: Literal["none", "deepep", "flashinfer", "mooncake"] = "none"  # all-to-all dispatch backend
 
 
 class EngineConfig(_Section):
@@ -114,6 +129,7 @@ class EngineConfig(_Section):
     weights: WeightsSection = Field(default_factory=WeightsSection)  # weights (weights.*)
     attention: AttentionSection = Field(default_factory=AttentionSection)  # attention (attention.*)
     parallel: ParallelSection = Field(default_factory=ParallelSection)  # parallelism (parallel.*)
+    moe: MoESection = Field(default_factory=MoESection)  # mixture of experts (moe.*)
     kernel: dict[str, dict[str, int]] = Field(default_factory=dict)  # kernel.<name>.<knob> Triton configs
     fusion: dict[str, bool] = Field(default_factory=dict)  # fusion.<pattern>: fuse this operator pattern
     sampling: SamplingParams = Field(default_factory=SamplingParams)  # default sampling of `generate`
@@ -125,14 +141,15 @@ def apply_params(config: EngineConfig, params: dict[str, Any]) -> EngineConfig:
     for name, value in params.items():
         parts = name.split(".")
         node = data
+        free = parts[0] in ("kernel", "fusion")  # open-ended maps: create nested keys on demand
         for part in parts[:-1]:
-            if part in ("kernel", "fusion") and part == parts[0]:
+            if free:
                 node = node.setdefault(part, {})
                 continue
             if not isinstance(node, dict) or part not in node:
                 raise DSparkError(f"unknown engine parameter {name!r}: no section {part!r}")
             node = node[part]
-        if parts[0] not in ("kernel", "fusion") and parts[-1] not in node:
+        if not free and parts[-1] not in node:
             raise DSparkError(f"unknown engine parameter {name!r}; see dspark_core/config.py for the fields")
         node[parts[-1]] = value
     return _validate(data, "parameters")

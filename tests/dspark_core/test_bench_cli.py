@@ -1,0 +1,49 @@
+"""The bench and generate commands end to end on the committed tiny models (short runs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import cli
+
+
+def write_prompts(path: Path) -> Path:
+    rows = [{"prompt": "def add(a, b):\n"}, {"prompt": "import os\nimport sys\n"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_bench_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prompts = write_prompts(tmp_path / "p.jsonl")
+    rc = cli.main(["bench", "--prompts", str(prompts), "--max-new-tokens", "12", "--repeats", "1",
+                   "--methods", "plain,hf_assisted,ar_draft,ngram", "--block-size", "4", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prompts"] == 2 and out["max_new_tokens"] == 12
+    rows = {m["name"]: m for m in out["methods"]}
+    assert list(rows) == ["plain", "hf_assisted", "ar_draft", "ngram"]
+    assert rows["plain"]["speedup"] == 1.0 and rows["plain"]["tau"] == 1.0
+    assert rows["ar_draft"]["lossless"] is True and rows["ngram"]["lossless"] is True
+    assert rows["ar_draft"]["tau"] >= 1.0 and 1 <= len(rows["ar_draft"]["position_acceptance"]) <= 4
+    assert all(m["tokens_per_s"] > 0 for m in out["methods"])
+
+
+def test_bench_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"text": "no prompt"}\n')
+    assert cli.main(["bench", "--prompts", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "bad.jsonl:2" in err and "\n" not in err
+    good = write_prompts(tmp_path / "p.jsonl")
+    assert cli.main(["bench", "--prompts", str(good), "--methods", "plain,warp"]) == 2
+    assert "unknown bench method 'warp'" in capsys.readouterr().err
+
+
+def test_generate_json(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli.main(["generate", "--prompt", "def main(", "--max-new-tokens", "8", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["outputs"][0]["token_ids"]) <= 8 and out["stats"]["method"] == "ar_draft"

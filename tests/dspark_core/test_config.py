@@ -1,0 +1,54 @@
+"""Engine config: YAML round trip, dotted parameters, one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dspark_core.config import EngineConfig, apply_params, load_config, save_config
+from dspark_core.errors import DSparkError
+
+
+def test_roundtrip_and_sections_mirror_the_parameter_names(tmp_path: Path) -> None:
+    cfg = apply_params(EngineConfig(), {"spec.block_size": 9, "batch.max_requests": 16, "kv.dtype": "fp8_e4m3",
+                                        "weights.dtype": "bf16", "attention.backend": "triton", "parallel.tp": 2,
+                                        "memory.fraction_static": 0.9, "kernel.rmsnorm.BLOCK": 128,
+                                        "fusion.swiglu": True})
+    path = save_config(cfg, tmp_path / "out" / "dspark.yaml")
+    again = load_config(path)
+    assert again == cfg
+    assert again.spec.block_size == 9 and again.kernel == {"rmsnorm": {"BLOCK": 128}}
+    data = yaml.safe_load(path.read_text())
+    assert data["batch"]["max_requests"] == 16 and data["fusion"] == {"swiglu": True}
+
+
+def test_catalog_parameters_exist_in_the_config() -> None:
+    """Every parameter of kb/catalog/params.yaml (read as data) is a field of the engine config."""
+    catalog = Path(__file__).parents[2] / "kb" / "catalog" / "params.yaml"
+    names = yaml.safe_load(catalog.read_text())["params"]
+    dumped = EngineConfig().model_dump()
+    for name in names:
+        section, field = name.split(".", 1)
+        assert field in dumped[section], name
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [("spec: [1, 2\n", "not valid YAML"), ("- 1\n", "mapping"), ("spec:\n  block_size: 99\n", "spec.block_size"),
+     ("spec:\n  nope: 1\n", "spec.nope")],
+)
+def test_bad_files_give_one_line_errors(tmp_path: Path, text: str, match: str) -> None:
+    p = tmp_path / "dspark.yaml"
+    p.write_text(text)
+    with pytest.raises(DSparkError, match=match) as e:
+        load_config(p)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_file_and_unknown_parameter() -> None:
+    with pytest.raises(DSparkError, match="not found"):
+        load_config("/nonexistent/dspark.yaml")
+    with pytest.raises(DSparkError, match="unknown engine parameter"):
+        apply_params(EngineConfig(), {"spec.gamma": 3})
