@@ -36,6 +36,8 @@ def tune_kernels(
     inter: Annotated[int, typer.Option(min=1, help="MLP intermediate size (SwiGLU).")] = 12288,
     rank: Annotated[int, typer.Option(min=1, help="Markov head rank r.")] = 256,
     seed: Annotated[int, typer.Option(help="Sampler seed.")] = 0,
+    plan: Annotated[int | None, typer.Option(help="Stored plan id (from `match`): search only inside its "
+                                             "kernel.* rules.")] = None,
     db: DbOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -55,13 +57,21 @@ def tune_kernels(
 
     jobs = kt.default_jobs(names, batches, gamma=gamma, vocab=vocab, hidden=hidden, inter=inter, rank=rank)
     database = open_db(db)
+    plan_json = None
+    if plan is not None:
+        from kb.store import get_plan
+
+        plan_json = get_plan(database, plan)
+        for name in names:
+            kt.plan_space(name, plan_json)  # an empty intersection fails before any GPU time is spent
     timer = kt.DoBenchTimer("cuda", seed=seed)
     arch = gpu_arch(torch.device("cuda"))
     with Progress(console=err_console, disable=json_out, transient=True) as bar:
         task = bar.add_task(f"tuning {len(jobs)} kernel shapes on {device_name}", total=len(jobs))
         results = kt.run_tuning(jobs, timer, gpu=gpu, arch=arch, n_trials=trials, db=database,
                                 triton_version=triton.__version__, storage=resolve_url(db), seed=seed,
-                                torch_timer=timer.torch_ms, progress=lambda _job: bar.advance(task))
+                                torch_timer=timer.torch_ms, plan=plan_json,
+                                progress=lambda _job: bar.advance(task))
     if json_out:
         print_json({"gpu": device_name, "gpu_key": gpu, "arch": arch, "results": [r.as_json() for r in results]})
         return

@@ -13,6 +13,7 @@ wiring, storage and lookup on a CPU.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -169,9 +170,56 @@ class DoBenchTimer:
         return self.bench(lambda: entry.run_torch(inputs))
 
 
+def plan_space(kernel: str, plan: Mapping[str, Any]) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+    """Narrow a kernel's declared space with a KB plan's `kernel.<name>.<knob>` entries (JSON of
+    kb.match.Plan): fixed values, numeric ranges and choice sets filter the declared choices (a range
+    means "the declared values inside it"); preferred values become the first trial. Returns
+    (space, start); TunerError when a plan leaves a knob no value."""
+    from dspark_core.kernels.registry import get_entry
+
+    spec = get_entry(kernel).spec
+    fixed, ranges, prefer = plan.get("fixed", {}), plan.get("space", {}), plan.get("prefer", {})
+    space: dict[str, tuple[int, ...]] = {}
+    start: dict[str, int] = {}
+    for knob, choices in spec.space.items():
+        param = f"kernel.{kernel}.{knob}"
+        allowed = list(choices)
+        entry = fixed.get(param) or ranges.get(param)
+        if param in fixed:
+            allowed = [c for c in allowed if c == int(fixed[param]["value"])]
+        elif param in ranges:
+            e = ranges[param]
+            if e.get("choices") is not None:
+                allowed = [c for c in allowed if c in {int(x) for x in e["choices"]}]
+            else:
+                lo, hi, excl = e.get("low"), e.get("high"), set(e.get("exclude") or [])
+                allowed = [c for c in allowed
+                           if (lo is None or c >= lo) and (hi is None or c <= hi) and c not in excl]
+        if not allowed:
+            rules = ", ".join(entry.get("rules", [])) if entry else "?"
+            raise TunerError(f"the plan leaves {param} no value of the kernel's space {list(choices)} "
+                             f"(rules: {rules}); fix the rule's range or the kernel's declared space")
+        space[knob] = tuple(allowed)
+        if param in prefer and int(prefer[param]["value"]) in allowed:
+            start[knob] = int(prefer[param]["value"])
+    return space, start
+
+
+def _first_trial(space: Mapping[str, tuple[int, ...]], default: Mapping[str, int],
+                 start: Mapping[str, int]) -> dict[str, int]:
+    """The default config moved inside `space` (nearest allowed value per knob), with `start` on top."""
+    out = {}
+    for knob, choices in space.items():
+        want = start.get(knob, default[knob])
+        out[knob] = want if want in choices else min(choices, key=lambda c: (abs(c - want), c))
+    return out
+
+
 def tune_kernel(job: KernelJob, timer: Timer, *, gpu: str, arch: str, n_trials: int, seed: int = 0,
-                storage: Any = None) -> KernelResult:
-    """One Optuna study over the kernel's space; the arch default is enqueued as trial 0.
+                storage: Any = None, space: Mapping[str, tuple[int, ...]] | None = None,
+                start: Mapping[str, int] | None = None) -> KernelResult:
+    """One Optuna study over the kernel's space (or a plan-narrowed `space`); the arch default (moved
+    into the space, with `start` preferences on top) is enqueued as trial 0.
 
     Repeated points (TPE can propose a config twice in a small categorical space) reuse the first
     measurement; invalid configs (timer returns inf) are pruned. `storage` is an Optuna storage or URL
@@ -182,17 +230,19 @@ def tune_kernel(job: KernelJob, timer: Timer, *, gpu: str, arch: str, n_trials: 
     from dspark_core.kernels.registry import get_entry
 
     spec = get_entry(job.kernel).spec
-    default = dict(spec.defaults.get(arch, spec.defaults["default"]))
+    knobs = dict(space) if space is not None else dict(spec.space)
+    default = _first_trial(knobs, spec.defaults.get(arch, spec.defaults["default"]), start or {})
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
-        study_name=f"kernels/{gpu}/{job.kernel}/{job.bucket}", storage=storage, direction="minimize",
+        study_name=f"kernels/{gpu}/{job.kernel}/{job.bucket}" + ("" if space is None else f"/{_space_tag(knobs)}"),
+        storage=storage, direction="minimize",
         sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(8, max(1, n_trials // 3))),
         load_if_exists=True)
     study.enqueue_trial(default, skip_if_exists=True)
     seen: dict[tuple[tuple[str, int], ...], float] = {}
 
     def objective(trial: optuna.Trial) -> float:
-        cfg = {knob: int(trial.suggest_categorical(knob, list(choices))) for knob, choices in spec.space.items()}
+        cfg = {knob: int(trial.suggest_categorical(knob, list(choices))) for knob, choices in knobs.items()}
         key = tuple(sorted(cfg.items()))
         if key not in seen:
             seen[key] = float(timer(job.kernel, job.shape, cfg))
@@ -211,6 +261,13 @@ def tune_kernel(job: KernelJob, timer: Timer, *, gpu: str, arch: str, n_trials: 
                         config={k: int(v) for k, v in best.params.items()}, time_ms=float(best.value),
                         default_ms=default_ms if default_ms is not None and math.isfinite(default_ms) else None,
                         n_trials=len(study.trials))
+
+
+def _space_tag(space: Mapping[str, tuple[int, ...]]) -> str:
+    """Short stable tag of a narrowed space (Optuna cannot resume a study whose choices changed)."""
+    import hashlib
+
+    return hashlib.sha1(json.dumps(sorted((k, list(v)) for k, v in space.items())).encode()).hexdigest()[:8]
 
 
 def save_results(db: Any, results: Iterable[KernelResult], triton_version: str) -> int:
@@ -255,13 +312,16 @@ def lookup_kernel_configs(db: Any, gpu: str, kernels: Iterable[str] | None = Non
 
 
 def run_tuning(jobs: list[KernelJob], timer: Timer, *, gpu: str, arch: str, n_trials: int, db: Any,
-               triton_version: str, storage: Any = None, seed: int = 0,
+               triton_version: str, storage: Any = None, seed: int = 0, plan: Mapping[str, Any] | None = None,
                torch_timer: Callable[[str, Mapping[str, int]], float] | None = None,
                progress: Callable[[KernelJob], None] | None = None) -> list[KernelResult]:
-    """Tune every job, measure the torch baseline when given, store all winners; returns the results."""
+    """Tune every job (inside the plan's kernel.* constraints when given), measure the torch baseline when
+    given, store all winners; returns the results."""
     results = []
     for job in jobs:
-        res = tune_kernel(job, timer, gpu=gpu, arch=arch, n_trials=n_trials, seed=seed, storage=storage)
+        space, start = plan_space(job.kernel, plan) if plan is not None else (None, None)
+        res = tune_kernel(job, timer, gpu=gpu, arch=arch, n_trials=n_trials, seed=seed, storage=storage,
+                          space=space, start=start)
         if torch_timer is not None:
             res.torch_ms = float(torch_timer(job.kernel, job.shape))
         results.append(res)

@@ -59,6 +59,28 @@ def test_study_finds_the_optimum_and_prunes_invalid_configs() -> None:
     assert res.n_trials == 40
 
 
+def test_plan_narrows_the_space() -> None:
+    """kernel.* rules from a KB plan: fixed, range (declared values inside it) and prefer."""
+    plan = {"fixed": {"kernel.swiglu.num_stages": {"value": 1, "rules": ["r1"], "why": ""}},
+            "space": {"kernel.swiglu.BLOCK": {"kind": "range", "low": 2048, "high": 4096, "type": "int",
+                                              "rules": ["r2"], "why": ""},
+                      "kernel.swiglu.num_warps": {"kind": "range", "low": 4, "high": 16, "type": "int",
+                                                  "rules": ["r3"], "why": ""}},
+            "prefer": {"kernel.swiglu.num_warps": {"value": 16, "rules": ["r3"]}}}
+    space, start = kt.plan_space("swiglu", plan)
+    assert space == {"BLOCK": (2048, 4096), "num_warps": (4, 8, 16), "num_stages": (1,)}
+    assert start == {"num_warps": 16}
+    job = kt.default_jobs(["swiglu"], [4], gamma=3, vocab=100, hidden=64, inter=300, rank=8)[0]
+    timer = FakeTimer({"swiglu": SWIGLU_OPT})  # its optimum lies outside the plan
+    res = kt.tune_kernel(job, timer, gpu="g", arch="default", n_trials=12, space=space, start=start)
+    assert timer.calls[0][1] == {"BLOCK": 2048, "num_warps": 16, "num_stages": 1}  # default moved inside
+    assert all(c["BLOCK"] in (2048, 4096) and c["num_stages"] == 1 for _, c in timer.calls)
+    assert res.config == {"BLOCK": 2048, "num_warps": 4, "num_stages": 1}  # best reachable point
+    bad = {"space": {"kernel.swiglu.BLOCK": {"kind": "range", "low": 5000, "high": 6000, "rules": ["r9"]}}}
+    with pytest.raises(TunerError, match="r9"):
+        kt.plan_space("swiglu", bad)
+
+
 def test_all_configs_invalid_is_a_user_error() -> None:
     job = kt.default_jobs(["swiglu"], [1], gamma=1, vocab=10, hidden=8, inter=8, rank=4)[0]
     with pytest.raises(TunerError, match="no valid config"):
