@@ -19,7 +19,11 @@ def _how(name: str, space: SearchSpace, plan: Plan) -> str:
     if name in plan.fixed:
         return f"fixed by {', '.join(plan.fixed[name].rules)}"
     if name in space.distributions:
-        return f"tuned in {plan.space[name].why}" if name in plan.space else "tuned"
+        e = plan.space.get(name)
+        if e is None:
+            return "tuned"
+        where = f"{e.choices}" if e.kind == "choices" else f"[{e.low}, {e.high}]"
+        return f"tuned over {where} (rules {', '.join(e.rules)})"
     return "engine default"
 
 

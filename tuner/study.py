@@ -9,6 +9,7 @@ retried; completed trials are committed one by one and never lost.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -26,8 +27,16 @@ from tuner.space import SearchSpace, space_from_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC_ATTR = "dspark_spec"
-HEARTBEAT_S = 5
-GRACE_S = 15
+
+
+def heartbeat_s() -> int:
+    """Workers record a heartbeat this often (env DSPARK_HEARTBEAT_S, default 5)."""
+    return int(os.environ.get("DSPARK_HEARTBEAT_S", "5"))
+
+
+def grace_s() -> int:
+    """A RUNNING trial silent this long is stale (env DSPARK_HEARTBEAT_GRACE_S, default 15)."""
+    return int(os.environ.get("DSPARK_HEARTBEAT_GRACE_S", "15"))
 
 
 class StudySpec(BaseModel):
@@ -62,7 +71,7 @@ def storage(db_url: str):  # -> optuna.storages.RDBStorage
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if db_url.startswith("sqlite") else {
         "pool_pre_ping": True}
-    return RDBStorage(db_url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+    return RDBStorage(db_url, engine_kwargs=kwargs, heartbeat_interval=heartbeat_s(), grace_period=grace_s(),
                       heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2))
 
 
@@ -161,6 +170,7 @@ def run(db_url: str, name: str, trials: int, workers: int = 1, timeout: float | 
     import optuna
 
     study = optuna.load_study(study_name=name, storage=storage(db_url))
+    fail_orphans(study)
     remaining = max(0, trials - len(completed(study)))
     if remaining == 0:
         return study
@@ -189,6 +199,26 @@ def run(db_url: str, name: str, trials: int, workers: int = 1, timeout: float | 
         raise TunerError(f"{len(failed)} worker process(es) failed (exit {failed[0]}); completed trials are "
                          f"kept: resume with --study {name}")
     return optuna.load_study(study_name=name, storage=storage(db_url))
+
+
+def fail_orphans(study) -> int:
+    """Fail RUNNING trials a killed worker left before its first heartbeat.
+
+    Optuna fails stale trials by their heartbeat; a worker killed between creating a trial and its
+    first beat leaves one with no heartbeat and no parameters (ours suggests every parameter at once,
+    first thing), which would stay RUNNING forever.
+    """
+    from datetime import datetime, timedelta
+
+    from optuna.trial import TrialState
+
+    cutoff = datetime.now() - timedelta(seconds=grace_s())
+    n = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if not t.params and t.datetime_start is not None and t.datetime_start < cutoff:
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            n += 1
+    return n
 
 
 def feasible_trials(study) -> list[Any]:

@@ -18,6 +18,12 @@ VLLM_QUANT = {"auto": None, "bf16": None, "fp16": None, "fp32": None, "fp8": "fp
               "int4": "awq_marlin", "nvfp4": "modelopt_fp4"}
 SGLANG_ATTENTION = {"torch": "torch_native", "triton": "triton", "flashinfer": "flashinfer", "fa3": "fa3",
                     "fa4": "fa4", "trtllm_mha": "trtllm_mha", "aiter": "aiter"}
+VLLM_ATTENTION = {"triton": "TRITON_ATTN", "flashinfer": "FLASHINFER", "fa3": "FLASH_ATTN", "fa4": "FLASH_ATTN",
+                  "trtllm_mha": "FLASHINFER", "aiter": "ROCM_AITER_FA"}
+# SGLang picks the DSpark verify scheduler with SGLANG_RAGGED_VERIFY_MODE (ragged_verify.py): `compact` is
+# the confidence-budget planner (lagged budget + top-K, our async_topk; the closest to prefix), `static`
+# verifies the whole block. SGLang main has no static-threshold scheduler.
+SGLANG_VERIFY_MODE = {"verify_all": "static", "threshold": "static", "prefix": "compact", "async_topk": "compact"}
 
 
 def _source(name: str) -> str:
@@ -26,8 +32,8 @@ def _source(name: str) -> str:
         return "not pinned"
     import yaml
 
-    data = yaml.safe_load(path.read_text()) or {}
-    return f"{data.get('source_path', name)} @ {str(data.get('commit', '?'))[:12]}"
+    first = next(iter((yaml.safe_load(path.read_text()) or {}).get("sources", {}).values()), {})
+    return f"{first.get('repo', '?')} {first.get('path', name)} @ {str(first.get('commit', '?'))[:12]}"
 
 
 def model_path(profile: Profile) -> str:
@@ -51,7 +57,17 @@ def sglang_context(profile: Profile, p: dict[str, Any]) -> dict[str, Any]:
             "quantization": SGLANG_QUANT.get(p["weights.dtype"]),
             "attention_backend": SGLANG_ATTENTION.get(p["attention.backend"]) if p["attention.backend"] != "torch"
             else None,
+            "verify_mode": SGLANG_VERIFY_MODE[p["spec.scheduler"]],
+            "scheduler_note": _scheduler_note(p["spec.scheduler"]),
+            "align_to_graph": bool(p.get("spec.align_verify_to_graph", False)),
             "sglang_source": _source("sglang_args.yaml")}
+
+
+def _scheduler_note(name: str) -> str:
+    return {"verify_all": "verify the whole block (static)",
+            "threshold": "SGLang main has no threshold scheduler: verify-all (static) is the nearest",
+            "prefix": "SGLang's compact planner (lagged budget + top-K) is the nearest to Algorithm 1",
+            "async_topk": "compact = the confidence-budget planner (lagged budget + global top-K)"}[name]
 
 
 def vllm_context(profile: Profile, p: dict[str, Any]) -> dict[str, Any]:
@@ -60,6 +76,7 @@ def vllm_context(profile: Profile, p: dict[str, Any]) -> dict[str, Any]:
             "num_speculative_tokens": ctx["block_size"],
             "enable_adaptive_verification": p["spec.scheduler"] != "verify_all"}
     return {**ctx, "quantization": VLLM_QUANT.get(p["weights.dtype"]),
+            "attention_backend": VLLM_ATTENTION.get(p["attention.backend"]),
             "speculative_config_json": json.dumps(spec, indent=2), "vllm_source": _source("vllm_args.yaml")}
 
 

@@ -1,0 +1,83 @@
+"""Every flag and key the SGLang and vLLM exports use exists in those projects' argument definitions.
+
+The lists are pinned in tuner/catalog/sglang_args.yaml (sgl-project/sglang
+python/sglang/srt/server_args.py @001067ff, arg_groups/fields/spec.py @015c8726) and
+tuner/catalog/vllm_args.yaml (vllm-project/vllm vllm/config/speculative.py @002e77c1,
+vllm/engine/arg_utils.py), each with the source path and commit of every fact.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.tuner.fixtures import plan, profile
+from tuner.export import SGLANG_TEMPLATE, VLLM_TEMPLATES, _env
+from tuner.space import space_from_plan
+from tuner.targets import (KV_DTYPE, SGLANG_ATTENTION, SGLANG_QUANT, VLLM_ATTENTION, VLLM_QUANT, sglang_context,
+                           vllm_context)
+
+CATALOG = Path(__file__).resolve().parents[2] / "tuner" / "catalog"
+SGLANG = yaml.safe_load((CATALOG / "sglang_args.yaml").read_text())
+VLLM = yaml.safe_load((CATALOG / "vllm_args.yaml").read_text())
+
+
+def _flags(table: dict) -> set[str]:
+    out: set[str] = set()
+    for entry in table.values():
+        if isinstance(entry, dict) and "flag" in entry:
+            out.add(entry["flag"])
+            out |= set(entry.get("aliases") or [])
+    return out
+
+
+SGLANG_FLAGS = _flags(SGLANG["flags"])
+VLLM_FLAGS = _flags(VLLM["engine_args"])
+COMMON = {"study": "s", "trial_number": 0, "mode": "simulate", "hw_name": "H100-SXM", "model_name": "Qwen3-8B"}
+
+
+def _variants():
+    base = space_from_plan(plan()).params_of({"spec.block_size": 7, "spec.scheduler": "prefix",
+                                              "batch.max_requests": 32})
+    for sched, wd, kv, attn, tp, ep, extra in itertools.product(
+            ["verify_all", "threshold", "prefix", "async_topk"], ["auto", "fp8", "int8", "int4", "nvfp4"],
+            ["auto", "fp8_e4m3", "fp8_e5m2"], ["torch", "fa3", "flashinfer", "triton", "trtllm_mha", "aiter"],
+            [1, 4], [1, 2], [True, False]):
+        yield {**base, "spec.scheduler": sched, "weights.dtype": wd, "kv.dtype": kv, "attention.backend": attn,
+               "parallel.tp": tp, "parallel.ep": ep, "parallel.dp": tp, "batch.chunked_prefill": 4096 * extra,
+               "batch.cuda_graph_max_bs": 160 * extra, "spec.align_verify_to_graph": extra, "spec.enabled": extra}
+
+
+def test_choice_mappings_are_pinned_values():
+    sg, vl = SGLANG["flags"], VLLM["engine_args"]
+    assert {v for v in SGLANG_QUANT.values() if v} <= set(sg["quantization"]["choices"])
+    assert {v for v in KV_DTYPE.values() if v} <= set(sg["kv_cache_dtype"]["choices"])
+    assert set(SGLANG_ATTENTION.values()) <= set(sg["attention_backend"]["choices"])
+    vq = next(e for e in vl.values() if isinstance(e, dict) and e.get("flag") == "--quantization")
+    vk = next(e for e in vl.values() if isinstance(e, dict) and e.get("flag") == "--kv-cache-dtype")
+    va = next(e for e in vl.values() if isinstance(e, dict) and e.get("flag") == "--attention-backend")
+    assert {v for v in VLLM_QUANT.values() if v} <= set(vq["choices"])
+    assert {v for v in KV_DTYPE.values() if v} <= set(vk["choices"])
+    assert set(VLLM_ATTENTION.values()) <= set(va["choices"])
+    assert "dspark" in VLLM["speculative_config_fields"]["method"]["choices"]
+    assert set(SGLANG["env_vars"]["SGLANG_RAGGED_VERIFY_MODE"]["values"]) >= {"static", "compact"}
+
+
+@pytest.mark.parametrize("i", range(0, 1440, 97))
+def test_rendered_flags_exist(i):
+    params = list(_variants())[i]
+    env = _env()
+    sg = env.get_template(SGLANG_TEMPLATE).render(**COMMON, **sglang_context(profile(), params))
+    used = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]+", sg))
+    assert used and used <= SGLANG_FLAGS, used - SGLANG_FLAGS
+    vctx = vllm_context(profile(), params)
+    vs = env.get_template(VLLM_TEMPLATES[1]).render(**COMMON, **vctx)
+    used = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]+", vs))
+    assert used and used <= VLLM_FLAGS, used - VLLM_FLAGS
+    spec = json.loads(env.get_template(VLLM_TEMPLATES[0]).render(**COMMON, **vctx))
+    assert set(spec) <= set(VLLM["speculative_config_fields"]) and spec["method"] == "dspark"

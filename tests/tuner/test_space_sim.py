@@ -1,0 +1,80 @@
+"""Search space from a plan, the performance model and the simulator."""
+
+from __future__ import annotations
+
+from optuna.distributions import CategoricalDistribution, IntDistribution
+
+from kb.match import Plan
+from tests.tuner.fixtures import plan, profile
+from tuner.acceptance import acceptance_for, expected_tau
+from tuner.objective import SimulateEvaluator
+from tuner.perf import Hardware, ModelShape, PerfModel
+from tuner.space import space_from_plan, unrestricted_space
+
+
+def test_plan_becomes_distributions_fixed_and_warm_start():
+    s = space_from_plan(plan())
+    assert s.distributions["spec.block_size"] == IntDistribution(2, 12)
+    assert isinstance(s.distributions["spec.scheduler"], CategoricalDistribution)
+    assert s.fixed == {"spec.head": "markov"} and s.warm_start == {"spec.block_size": 7}
+    full = s.params_of({"spec.block_size": 5, "spec.scheduler": "prefix", "batch.max_requests": 8})
+    assert full["spec.head"] == "markov" and full["spec.block_size"] == 5 and "kv.dtype" in full
+
+
+def test_int_range_with_excluded_values_becomes_categorical():
+    p = Plan.model_validate({"space": {"spec.block_size": {"kind": "range", "low": 2, "high": 6, "exclude": [4],
+                                                           "type": "int", "rules": ["x"], "why": ""}}})
+    assert space_from_plan(p).distributions["spec.block_size"].choices == (2, 3, 5, 6)
+
+
+def test_unrestricted_space_uses_registry_domains():
+    u = unrestricted_space(plan())
+    assert u.distributions["spec.block_size"] == IntDistribution(1, 16)
+    assert u.distributions["spec.head"].choices == ("none", "markov", "rnn")
+
+
+def test_perf_model_memory_bound_decode_and_tp():
+    p = profile()
+    perf = PerfModel(ModelShape.from_profile(p), Hardware.from_profile(p))
+    one = perf.step(1, 1024)
+    assert one.bound == "memory"
+    # a bf16 8B decode step reads ~16 GB at ~2.7 TB/s effective: about 6 ms
+    assert 0.004 < one.seconds < 0.01
+    assert perf.step(64, 1024, 1).seconds < 2 * one.seconds  # verifying 64 tokens costs little more
+    tp2 = PerfModel(perf.shape, perf.hw, tp=2)
+    assert tp2.step(1, 1024).seconds < one.seconds
+    assert PerfModel(perf.shape, perf.hw, weights_dtype="fp8").step(1, 1024).seconds < one.seconds
+
+
+def test_prior_acceptance_reproduces_the_paper_tau():
+    p = profile()
+    acc = acceptance_for(p, "markov")
+    assert abs(acc.tau(7) - 3.503) < 0.01 and "Table 1" in acc.source  # chat mean, Qwen3-8B, gamma 7
+    none = acceptance_for(p, "none")
+    assert none.tau(7) < acc.tau(7)
+    assert expected_tau([1.0, 1.0]) == 3.0
+
+
+def test_simulator_speculation_beats_plain_and_is_deterministic():
+    ev = SimulateEvaluator(profile(), n_requests=24)
+    s = space_from_plan(plan())
+    base = s.params_of({"spec.block_size": 7, "spec.scheduler": "prefix", "batch.max_requests": 16})
+    a = ev.evaluate(base, seed=1)
+    b = ev.evaluate(base, seed=1)
+    assert a.metrics == b.metrics
+    plain = ev.evaluate({**base, "spec.enabled": False}, seed=1)
+    assert a.metrics["throughput"] > 1.5 * plain.metrics["throughput"]
+    assert a.metrics["tau"] > 2.5 and plain.metrics["tau"] == 1.0
+    sps = ev.sps_table(base)
+    assert list(sps.sample_batch_tokens) == sorted(set(sps.sample_batch_tokens))
+    assert sps.sample_steps_per_sec[0] >= sps.sample_steps_per_sec[-1]
+
+
+def test_fp8_on_a_gpu_without_fp8_is_infeasible():
+    p = profile()
+    p.hw.fp8 = False
+    ev = SimulateEvaluator(p, n_requests=8)
+    params = space_from_plan(plan()).params_of({"spec.block_size": 4, "spec.scheduler": "verify_all",
+                                                "batch.max_requests": 8})
+    r = ev.evaluate({**params, "weights.dtype": "fp8"})
+    assert not r.feasible and "FP8" in r.why
