@@ -233,6 +233,7 @@ def read_config(raw: dict[str, Any], where: str = "config.json") -> ArchSpec:
         v_dim = _need(cfg, "v_head_dim", where)
         head_dim = nope + rope
         kv_heads = heads
+        notes = [n for n in notes if not n.startswith("head_dim derived")]  # MLA: q/k width is nope + rope
 
     window = cfg.get("sliding_window") if family in ("gemma2", "gemma3", "mistral", "mixtral") else None
     sliding = 0

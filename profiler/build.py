@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from profiler.arch import ArchSpec, read_config
-from profiler.catalog import resolve_model
+from profiler.catalog import resolve_model, workload_presets
 from profiler.derived import context_len, derive
 from profiler.errors import ProfileError
 from profiler.hardware import hardware_profile
@@ -26,7 +26,7 @@ from profiler.model import (
     weight_bytes,
 )
 from profiler.schema import Flops, KvBytes, ModelProfile, Profile, WeightBytes, WorkloadProfile
-from profiler.workload import measure_entropy, prompts_of, runnable_model, workload_profile
+from profiler.workload import measure_entropy, prompts_of, runnable_model, tokenizer_of, workload_profile
 
 Progress = Callable[[str], None]
 TINY_NAMES = ("tiny", "tiny-target", "dspark-tiny")
@@ -129,12 +129,16 @@ def build_profile(model: str | None, gpu: str | None, workload: str | None, meas
     """The full profile. ``measure``: run microbenchmarks for ``gpu='auto'``; ``entropy``: measure the
     target's next-token entropy with a runnable model (None: only together with ``gpu='auto'``)."""
     notes: list[str] = []
-    wl, wl_notes = workload_profile(workload)
-    notes += wl_notes
     spec: ArchSpec | None = None
     mp = ModelProfile()
-    if model:
-        spec, name, source, m_notes = resolve_arch(model)
+    resolved = resolve_arch(model) if model else None
+    tokenize = None
+    if resolved and workload and workload.lower() not in workload_presets():
+        tokenize = tokenizer_of(resolved[2]) if Path(resolved[2]).exists() else None
+    wl, wl_notes = workload_profile(workload, tokenize)
+    notes += wl_notes
+    if resolved:
+        spec, name, source, m_notes = resolved
         notes += m_notes
         if spec is None:
             mp = onnx_model_profile(Path(source))

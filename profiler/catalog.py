@@ -44,9 +44,10 @@ def _norm(name: str) -> str:
 def _load_yaml(name: str) -> Any:
     import yaml
 
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 10x faster
     path = CATALOG_DIR / name
     with path.open() as f:
-        return yaml.safe_load(f)
+        return yaml.load(f, Loader=loader)
 
 
 @cache

@@ -247,7 +247,7 @@ def _shipped() -> dict[str, dict[str, int]]:
         return {}
     import yaml
 
-    data = yaml.safe_load(SHIPPED.read_text()) or {}
+    data = yaml.load(SHIPPED.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
     return data.get("census", {}) if data.get("version") == CENSUS_VERSION else {}
 
 

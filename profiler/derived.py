@@ -71,12 +71,6 @@ def derive(spec: ArchSpec, hw: HwProfile | None, wl: WorkloadProfile) -> Derived
     if hw is None:
         return d
     peak, bw = _ceilings(hw)
-    if peak and bw:
-        t_compute, t_memory = flops / peak, nbytes / bw
-        d.decode_bound = "compute" if t_compute > t_memory else "memory"
-        d.ridge_intensity = round(peak / bw, 1)
-        d.ridge_batch = ridge_batch(spec, peak, bw)
-        d.decode_step_ms = round(max(t_compute, t_memory) * 1e3, 3)
     if hw.memory_gb:
         tokens = batch * ((wl.prompt_len.mean or 0) if wl.prompt_len else 0)
         tokens += batch * ((wl.output_len.mean or 0) if wl.output_len else 0)
@@ -89,4 +83,11 @@ def derive(spec: ArchSpec, hw: HwProfile | None, wl: WorkloadProfile) -> Derived
         if d.min_tp_bf16:
             free = d.min_tp_bf16 * hw.memory_gb * 1e9 * MEMORY_UTILIZATION - weight_bytes(spec, "bf16")
             d.kv_capacity_tokens = float(int(free / kv_bytes_per_token(spec, "bf16")))
+    if peak and bw:
+        t_compute, t_memory = flops / peak, nbytes / bw
+        d.decode_bound = "compute" if t_compute > t_memory else "memory"
+        d.ridge_intensity = round(peak / bw, 1)
+        d.ridge_batch = ridge_batch(spec, peak, bw)
+        tp = d.min_tp_bf16 or 1  # ideal TP split: FLOPs and bytes both divide over the ranks
+        d.decode_step_ms = round(max(t_compute, t_memory) / tp * 1e3, 3)
     return d

@@ -158,7 +158,7 @@ class Derived(_Strict):
     decode_context: float | None = None  # mean context length per decoded token assumed
     arith_intensity: float | None = None  # decode FLOPs per byte at decode_batch (bf16 weights and KV)
     ridge_intensity: float | None = None  # hardware FLOPs per byte where compute = memory time (bf16)
-    decode_step_ms: float | None = None  # roofline time of one decode step at decode_batch, bf16
+    decode_step_ms: float | None = None  # roofline time of one bf16 decode step at decode_batch on min_tp_bf16 GPUs
     kv_capacity_tokens: float | None = None  # bf16 KV tokens that fit beside bf16 weights at min_tp_bf16
 
 

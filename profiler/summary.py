@@ -43,7 +43,8 @@ def verdict(p: Profile) -> list[str]:
                 "(the verify-token budget before speculation costs compute)" if d.ridge_batch else "")
         out.append(f"Decode at batch {d.decode_batch} (context ~{d.decode_context:.0f}) is "
                    f"[bold]{d.decode_bound}-bound[/bold] on {hw.name}: {d.arith_intensity:.3g} FLOP/B vs ridge "
-                   f"{d.ridge_intensity:.3g} FLOP/B, step ~{d.decode_step_ms:.3g} ms{tail}.")
+                   f"{d.ridge_intensity:.3g} FLOP/B, step ~{d.decode_step_ms:.3g} ms"
+                   f"{f' at TP={d.min_tp_bf16}' if d.min_tp_bf16 and d.min_tp_bf16 > 1 else ''}{tail}.")
     elif d.arith_intensity is not None:
         out.append(f"Decode at batch {d.decode_batch}: {d.arith_intensity:.3g} FLOP/B "
                    "(give --gpu to compare with a ridge point).")

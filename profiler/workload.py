@@ -115,15 +115,29 @@ def file_profile(path: str, tokenize: Any = None) -> tuple[WorkloadProfile, list
     ), notes
 
 
-def workload_profile(workload: str | None) -> tuple[WorkloadProfile, list[str]]:
-    """A preset name or a JSONL path (None: the chat preset)."""
+def tokenizer_of(folder: str | os.PathLike[str] | None) -> Any:
+    """``encode(text) -> ids`` from a model folder's tokenizer.json (the fast `tokenizers` library), or None."""
+    if folder is None:
+        return None
+    path = Path(folder)
+    path = path if path.is_dir() else path.parent
+    if not (path / "tokenizer.json").is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    return lambda text: tok.encode(text).ids
+
+
+def workload_profile(workload: str | None, tokenize: Any = None) -> tuple[WorkloadProfile, list[str]]:
+    """A preset name or a JSONL path (None: the chat preset); ``tokenize`` counts a file's prompt tokens."""
     name = workload or "chat"
     presets = workload_presets()
     if name.lower() in presets:
         return preset_profile(name.lower()), []
     if not name.endswith(".jsonl") and not Path(name).exists():
         raise ProfileError(f"unknown workload '{name}'; use one of {', '.join(presets)} or a .jsonl file")
-    return file_profile(name)
+    return file_profile(name, tokenize)
 
 
 def runnable_model() -> Path | None:

@@ -96,3 +96,17 @@ def test_microbenchmarks_report_positive_ceilings():
     m = microbenchmarks("cpu", progress=steps.append, min_s=0.02)
     assert m.tflops_fp32 > 0 and m.tflops_bf16 > 0 and m.bandwidth_gbs > 0
     assert len(steps) == 4
+
+
+def test_jsonl_lengths_use_the_model_tokenizer_when_the_model_is_a_folder(tmp_path):
+    import profiler.build as build
+
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    _tiny_model(folder)
+    prompts = ["the code is in the math", "a chat"]
+    path = tmp_path / "w.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    p = build.build_profile(str(folder), None, str(path))
+    assert p.workload.prompt_len.mean == statistics.fmean(len(x.split()) for x in prompts)  # word-level ids
+    assert not any("characters per token" in n for n in p.notes or [])
