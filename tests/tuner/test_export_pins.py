@@ -19,8 +19,15 @@ import yaml
 from tests.tuner.fixtures import plan, profile
 from tuner.export import SGLANG_TEMPLATE, VLLM_TEMPLATES, _env
 from tuner.space import space_from_plan
-from tuner.targets import (KV_DTYPE, SGLANG_ATTENTION, SGLANG_QUANT, VLLM_ATTENTION, VLLM_QUANT, sglang_context,
-                           vllm_context)
+from tuner.targets import (
+    KV_DTYPE,
+    SGLANG_ATTENTION,
+    SGLANG_QUANT,
+    VLLM_ATTENTION,
+    VLLM_QUANT,
+    sglang_context,
+    vllm_context,
+)
 
 CATALOG = Path(__file__).resolve().parents[2] / "tuner" / "catalog"
 SGLANG = yaml.safe_load((CATALOG / "sglang_args.yaml").read_text())
