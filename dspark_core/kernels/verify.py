@@ -36,12 +36,12 @@ from .spec import KernelSpec, launch, pow2_ceil, resolve_config, use_triton
 _SPACE = {"BLOCK_V": (512, 1024, 2048, 4096, 8192), "num_warps": (2, 4, 8, 16), "num_stages": (1, 2, 3, 4)}
 SPEC_GREEDY = KernelSpec(
     name="verify_greedy",
-    space=_SPACE,
+    space={**_SPACE, "ROWS": (1, 2, 4)},  # ROWS: target rows reduced per pass over the vocabulary
     defaults={
-        "default": {"BLOCK_V": 1024, "num_warps": 4, "num_stages": 2},
-        "ampere": {"BLOCK_V": 2048, "num_warps": 8, "num_stages": 2},
-        "hopper": {"BLOCK_V": 4096, "num_warps": 8, "num_stages": 3},
-        "blackwell": {"BLOCK_V": 4096, "num_warps": 8, "num_stages": 3},
+        "default": {"BLOCK_V": 1024, "num_warps": 4, "num_stages": 2, "ROWS": 1},
+        "ampere": {"BLOCK_V": 2048, "num_warps": 8, "num_stages": 2, "ROWS": 2},
+        "hopper": {"BLOCK_V": 4096, "num_warps": 8, "num_stages": 3, "ROWS": 2},
+        "blackwell": {"BLOCK_V": 4096, "num_warps": 8, "num_stages": 3, "ROWS": 2},
     },
     doc="greedy verification: accept while draft == target argmax, then the target's token",
 )
@@ -171,7 +171,7 @@ def _verify_kernel(
     out_ptr,  # [B, G+1] int64 out: accepted drafts, next token, then -1
     G, V,
     s_db, s_tb, s_tk, s_qb, s_qk, s_ub,
-    GREEDY: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_G: tl.constexpr,
+    GREEDY: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_G: tl.constexpr, ROWS: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     n = tl.load(num_ptr + b)
@@ -180,24 +180,30 @@ def _verify_kernel(
     go = n >= 0  # loop flag (true)
     nxt = (n * 0).to(tl.int64)
     if GREEDY:
+        # ROWS target rows per pass over the vocabulary: more loads in flight per program, at the cost of
+        # reading at most ROWS - 1 rows past the first mismatch
+        ri = tl.arange(0, ROWS)
         while go:
-            # argmax of target row k (first index on ties): strict > across blocks, tl.argmax left-biased within
-            row = tgt_ptr + b * s_tb + k.to(tl.int64) * s_tk
-            best_v = tl.full([], float("-inf"), tl.float32)
-            best_i = (n * 0).to(tl.int64)
+            rk = k + ri  # [ROWS] row indices; row n is the bonus row, rows past it are not read
+            live = rk <= n
+            rows = tgt_ptr + b * s_tb + rk.to(tl.int64) * s_tk  # [ROWS] row pointers
+            best_v = tl.full([ROWS], float("-inf"), tl.float32)
+            best_i = tl.zeros([ROWS], tl.int64)
             for off in range(0, V, BLOCK_V):
                 idx = off + cols
-                x = tl.load(row + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
-                bm = tl.max(x, 0)
-                bi = tl.argmax(x, 0).to(tl.int64) + off
-                upd = bm > best_v
+                x = tl.load(rows[:, None] + idx[None, :], mask=live[:, None] & (idx < V)[None, :],
+                            other=float("-inf")).to(tl.float32)  # [ROWS, BLOCK_V]
+                bm = tl.max(x, 1)
+                bi = tl.argmax(x, 1).to(tl.int64) + off  # first index on ties within the block
+                upd = bm > best_v  # strict: an earlier block keeps a tie
                 best_i = tl.where(upd, bi, best_i)
                 best_v = tl.where(upd, bm, best_v)
-            d = tl.load(draft_ptr + b * s_db + k, mask=k < n, other=-1)
-            ok = (k < n) & (best_i == d)
-            k += ok.to(tl.int32)
-            nxt = best_i
-            go = ok
+            d = tl.load(draft_ptr + b * s_db + rk, mask=rk < n, other=-1)  # [ROWS]
+            ok = (rk < n) & (best_i == d)
+            first_bad = tl.min(tl.where(ok, ROWS, ri), 0)  # accepted rows at the front of this group
+            k += first_bad
+            nxt = tl.sum(tl.where(ri == first_bad, best_i, 0), 0)  # correction, or bonus at row n
+            go = first_bad == ROWS
     else:
         while go:
             valid = k < n
@@ -283,6 +289,7 @@ def verify_triton(draft: torch.Tensor, target: torch.Tensor, *, greedy: bool,
     launch(_verify_kernel, (b,), draft, num, target, q, ua, us, acc, nxt, out, g, v,
            draft.stride(0), target.stride(0), target.stride(1), s_qb, s_qk, s_ub,
            on_cpu=not draft.is_cuda, GREEDY=greedy, BLOCK_V=cfg["BLOCK_V"], BLOCK_G=pow2_ceil(g + 1),
+           ROWS=cfg.get("ROWS", 1),
            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return VerifyResult(acc, nxt, out)
 

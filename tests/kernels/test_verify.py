@@ -8,6 +8,7 @@ import torch
 from dspark_core.kernels.verify import make_inputs, verify, verify_torch
 
 CFG = {"BLOCK_V": 512, "num_warps": 4, "num_stages": 2}
+GREEDY_CFGS = [{**CFG, "ROWS": r} for r in (1, 2, 4)]  # rows reduced per pass over the vocabulary
 # ragged: vocab not a multiple of the block (and smaller / larger than one block), odd batch and gamma
 SHAPES = [{"batch": 3, "gamma": 1, "vocab": 17}, {"batch": 5, "gamma": 4, "vocab": 600},
           {"batch": 6, "gamma": 7, "vocab": 1031}]
@@ -15,10 +16,11 @@ SHAPES = [{"batch": 3, "gamma": 1, "vocab": 17}, {"batch": 5, "gamma": 4, "vocab
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_greedy_matches_reference(shape: dict[str, int], dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("cfg", GREEDY_CFGS)
+def test_greedy_matches_reference(shape: dict[str, int], dtype: torch.dtype, cfg: dict[str, int]) -> None:
     inp = make_inputs(shape, "cpu", seed=shape["vocab"], greedy=True, dtype=dtype)
     ref = verify(**inp, backend="torch")
-    out = verify(**inp, backend="triton", config=CFG)
+    out = verify(**inp, backend="triton", config=cfg)
     assert torch.equal(out.accept_len, ref.accept_len)
     assert torch.equal(out.next_token, ref.next_token)
     assert torch.equal(out.tokens, ref.tokens)
@@ -26,7 +28,8 @@ def test_greedy_matches_reference(shape: dict[str, int], dtype: torch.dtype) -> 
     assert 0 < int(ref.accept_len.sum()) or shape["gamma"] == 1
 
 
-def test_greedy_semantics_and_ties() -> None:
+@pytest.mark.parametrize("cfg", GREEDY_CFGS)
+def test_greedy_semantics_and_ties(cfg: dict[str, int]) -> None:
     """Hand-made round: accept while draft == argmax; ties resolve to the first index like torch.argmax."""
     v = 600  # ties straddle a block boundary (512)
     target = torch.zeros(2, 4, v)  # [B, G+1, V]
@@ -36,7 +39,7 @@ def test_greedy_semantics_and_ties() -> None:
     target[0, 3, 9] = 1.0
     target[1, :, 530] = 1.0
     draft = torch.tensor([[5, 7, 520], [530, 530, 530]])
-    out = verify(draft, target, greedy=True, backend="triton", config=CFG)
+    out = verify(draft, target, greedy=True, backend="triton", config=cfg)
     assert out.accept_len.tolist() == [2, 3]
     assert out.next_token.tolist() == [3, 530]  # correction at the tie, bonus for the second request
     assert out.tokens.tolist() == [[5, 7, 3, -1], [530, 530, 530, 530]]
@@ -50,7 +53,7 @@ def test_ragged_verify_lengths(greedy: bool) -> None:
     inp = make_inputs(shape, "cpu", seed=7, greedy=greedy)
     num = torch.tensor([0, 1, 5, 3, 2, 4])
     ref = verify(**inp, num_verify=num, backend="torch")
-    out = verify(**inp, num_verify=num, backend="triton", config=CFG)
+    out = verify(**inp, num_verify=num, backend="triton", config={**CFG, "ROWS": 2} if greedy else CFG)
     assert torch.equal(out.accept_len, ref.accept_len)
     assert bool((out.accept_len <= num.to(torch.int32)).all())
     assert torch.equal(out.tokens, ref.tokens)
