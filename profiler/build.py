@@ -156,8 +156,11 @@ def build_profile(model: str | None, gpu: str | None, workload: str | None, meas
             notes.append("entropy not measured: no runnable model here (the tiny reference target "
                          "dspark_core/assets/tiny/target is not built)")
         else:
-            wl.entropy = measure_entropy(target, prompts_of(workload or "chat"))
-            notes.append(f"entropy measured with {target}")
+            try:
+                wl.entropy = measure_entropy(target, prompts_of(workload or "chat"))
+                notes.append(f"entropy measured with {target}")
+            except (OSError, ValueError, RuntimeError, KeyError) as e:  # optional figure: note, don't fail
+                notes.append(f"entropy not measured: {target} did not run ({type(e).__name__}: {e})"[:300])
             if progress:
                 progress("entropy measured")
     profile = Profile(model=mp, workload=wl)

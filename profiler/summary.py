@@ -128,13 +128,13 @@ def models_table() -> Table:
     from profiler.model import count_params
 
     t = Table(title="Model catalogue (profiler/catalog/models.yaml)")
-    for col in ("name", "family", "arch", "params", "active", "layers", "attention", "context"):
-        t.add_column(col, justify="right" if col in ("params", "active", "layers", "context") else "left")
+    for col in ("name", "alias", "arch", "params", "active", "layers", "attn", "context"):
+        t.add_column(col, no_wrap=col == "name",
+                     justify="right" if col in ("params", "active", "layers", "context") else "left")
     for m in models():
         s = read_config(m.config, m.name)
         c = count_params(s)
-        default = f" [dim](= {m.default_for})[/dim]" if m.default_for else ""
-        t.add_row(m.name + default, m.family, "moe" if s.is_moe else "dense", _n(c.total), _n(c.active),
+        t.add_row(m.name, m.default_for or "", "moe" if s.is_moe else "dense", _n(c.total), _n(c.active),
                   str(s.num_layers), s.attention, str(s.max_context))
     return t
 
@@ -143,8 +143,8 @@ def gpus_table() -> Table:
     from profiler.catalog import gpus
 
     t = Table(title="GPU catalogue (profiler/catalog/gpus.yaml, dense peaks)")
-    for col in ("name", "arch", "sm", "memory GB", "GB/s", "bf16 TF", "fp8 TF", "SMs", "link"):
-        t.add_column(col)
+    for col in ("name", "arch", "sm", "GB", "GB/s", "bf16 TF", "fp8 TF", "SMs", "link"):
+        t.add_column(col, no_wrap=col == "name")
     for g in gpus():
         pk = g.peak_tflops
         t.add_row(g.name, g.arch, str(g.sm), f"{g.memory_gb:g}", f"{g.bandwidth_gbs or '-'}",

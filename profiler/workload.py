@@ -150,12 +150,15 @@ def measure_entropy(model_dir: Path, prompts: list[str], max_tokens: int = 256) 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    encode = tokenizer_of(model_dir)  # a bare tokenizer.json first: no transformers tokenizer class needed
+    if encode is None:
+        hf_tok = AutoTokenizer.from_pretrained(str(model_dir))
+        encode = lambda text: hf_tok(text).input_ids  # noqa: E731
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     ents: list[float] = []
     with torch.inference_mode():
         for text in prompts:
-            ids = tok(text, return_tensors="pt").input_ids[:, :max_tokens]  # [1, T]
+            ids = torch.tensor([encode(text)[:max_tokens]], dtype=torch.long)  # [1, T]
             if ids.shape[1] < 2:
                 continue
             logits = model(input_ids=ids).logits[0, :-1].float()  # [T-1, V]
