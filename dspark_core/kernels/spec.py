@@ -144,24 +144,37 @@ def tuned_table() -> dict[str, dict[str, dict[str, int]]]:
     return out
 
 
+ANY_BUCKET = "*"  # tuned-table bucket that applies to every shape (the engine config's kernel.<name>.<knob>)
+
+
 def resolve_config(spec: KernelSpec, bucket: str, device: torch.device | str | None,
                    override: Mapping[str, int] | None = None) -> dict[str, int]:
-    """Config for one launch: explicit override > tuned (kernel, bucket) > arch default > generic default.
+    """Config for one launch: explicit override > tuned (kernel, bucket) > tuned (kernel, "*") laid over
+    the arch default > arch default > generic default.
 
     A tuned entry that is not a valid point of the current space (an older bundle) is ignored, so a stale
-    bundle costs speed, never correctness.
+    bundle costs speed, never correctness. "*" entries may name only some knobs.
     """
     if override is not None:
         spec.validate(override, where="override")
         return dict(override)
-    tuned = _TUNED.get((spec.name, bucket))
-    if tuned is not None:
+    base = dict(spec.defaults.get(gpu_arch(device), spec.defaults["default"]))
+    for key, partial in ((bucket, False), (ANY_BUCKET, True)):
+        tuned = _TUNED.get((spec.name, key))
+        if tuned is None:
+            continue
+        cfg = {**base, **tuned} if partial else dict(tuned)
         try:
-            spec.validate(tuned, where=f"tuned[{bucket}]")
-            return dict(tuned)
+            spec.validate(cfg, where=f"tuned[{key}]")
+            return cfg
         except ValueError:
-            pass
-    return dict(spec.defaults.get(gpu_arch(device), spec.defaults["default"]))
+            continue
+    return base
+
+
+def load_engine_params(kernel_section: Mapping[str, Mapping[str, int]]) -> None:
+    """Install the engine config's `kernel.<name>.<knob>` values (dspark.yaml `kernel:`) for every shape."""
+    load_tuned({name: {ANY_BUCKET: dict(knobs)} for name, knobs in kernel_section.items()})
 
 
 def pow2_ceil(n: int) -> int:

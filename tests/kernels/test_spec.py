@@ -35,6 +35,16 @@ def test_resolution_order() -> None:
     assert kspec.tuned_table() == {"rmsnorm": {bucket: tuned}}
 
 
+def test_engine_params_apply_to_every_shape_under_bucket_entries() -> None:
+    kspec.load_engine_params({"rmsnorm": {"num_warps": 16}})  # partial: the rest from the arch default
+    assert kspec.resolve_config(NORM, "N4-H70", "cpu") == {**NORM.defaults["default"], "num_warps": 16}
+    exact = {"BLOCK_H": 2048, "num_warps": 1, "num_stages": 2}
+    kspec.load_tuned({"rmsnorm": {"N4-H70": exact}})
+    assert kspec.resolve_config(NORM, "N4-H70", "cpu") == exact  # a tuned bucket beats the wildcard
+    kspec.load_engine_params({"rmsnorm": {"num_warps": 5}})  # not in the space: ignored, not an error
+    assert kspec.resolve_config(NORM, "N8-H70", "cpu") == NORM.defaults["default"]
+
+
 def test_stale_tuned_entry_is_ignored_and_bad_override_rejected() -> None:
     kspec.load_tuned({"rmsnorm": {"N4-H70": {"BLOCK_H": 999, "num_warps": 2, "num_stages": 1}}})
     assert kspec.resolve_config(NORM, "N4-H70", "cpu") == NORM.defaults["default"]
