@@ -70,10 +70,36 @@ class TrainConfig:
 
 @dataclass
 class TrainData:
-    """Sequences = prompt + target-generated continuation; anchors only at p >= prompt_len - 1."""
+    """Sequences = prompt + target-generated continuation; anchors only at p >= prompt_len - 1.
+
+    With `hidden` / `top_probs` / `top_ids` set (see `cache_target`), training reads the frozen target's
+    outputs from memory instead of running the target every step; p_t is then its top-K, renormalised.
+    """
 
     tokens: torch.Tensor  # [S, T] long
     prompt_len: int  # tokens of prompt at the start of every row
+    hidden: torch.Tensor | None = None  # [S, T, W] fp16: target hidden states of `layers`
+    top_probs: torch.Tensor | None = None  # [S, T, K] fp16: target top-K probabilities (renormalised)
+    top_ids: torch.Tensor | None = None  # [S, T, K] int32: their token ids
+    layers: tuple[int, ...] = ()  # target layers in `hidden`
+
+
+@torch.no_grad()
+def cache_target(target: LeanModel, data: TrainData, layers: tuple[int, ...], k: int = 64, batch: int = 32,
+                 on_batch: Callable[[int], None] | None = None) -> TrainData:
+    """Run the frozen target once over every sequence; keep hidden states (fp16) and top-K p_t."""
+    hs, ps, ids = [], [], []
+    for start in range(0, data.tokens.shape[0], batch):
+        rows = data.tokens[start:start + batch].to(target.device)
+        logits, hidden = target.forward_full(rows, hidden_layers=layers)
+        top = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
+        ps.append((top.values / top.values.sum(-1, keepdim=True)).half().cpu())
+        ids.append(top.indices.int().cpu())
+        hs.append(hidden.half().cpu())  # type: ignore[union-attr]
+        if on_batch:
+            on_batch(rows.shape[0])
+    return TrainData(tokens=data.tokens, prompt_len=data.prompt_len, hidden=torch.cat(hs), top_probs=torch.cat(ps),
+                     top_ids=torch.cat(ids), layers=tuple(layers))
 
 
 def position_weights(gamma: int) -> torch.Tensor:
@@ -86,11 +112,12 @@ def sample_anchors(n: int, a: int, lo: int, hi: int, gen: torch.Generator) -> to
     return torch.randint(lo, hi + 1, (n, a), generator=gen)
 
 
-def drafter_loss(model: DSparkDraftModel, tokens: torch.Tensor, target_logits: torch.Tensor,
-                 target_hidden: torch.Tensor, anchors: torch.Tensor, weights: LossWeights
-                 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The training objective on a batch; tokens [N, T], target_logits [N, T, V], hidden [N, T, W],
-    anchors [N, A] with p + gamma <= T - 1. Returns the loss and its terms (for logging)."""
+def drafter_loss(model: DSparkDraftModel, tokens: torch.Tensor, target_logits: torch.Tensor | None,
+                 target_hidden: torch.Tensor, anchors: torch.Tensor, weights: LossWeights,
+                 top: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The training objective on a batch; tokens [N, T], target_logits [N, T, V] (or `top` = target top-K
+    (probs, ids) [N, T, K] each), hidden [N, T, W], anchors [N, A] with p + gamma <= T - 1.
+    Returns the loss and its terms (for logging)."""
     g = model.cfg.block_size
     block = model.forward_packed(tokens, target_hidden, anchors)
     idx = anchors[:, :, None] + torch.arange(g, device=tokens.device)[None, None]  # [N, A, G]: x_{k-1} positions
@@ -98,11 +125,19 @@ def drafter_loss(model: DSparkDraftModel, tokens: torch.Tensor, target_logits: t
     prev = tokens.gather(1, idx.reshape(n, -1)).view(n, a, g)  # x_0 = anchor, then true tokens
     truth = tokens.gather(1, (idx + 1).reshape(n, -1)).view(n, a, g)  # x*_k
     logits, conf = model.teacher_forced(block, prev)  # [N, A, G, V], [N, A, G]
-    v = logits.shape[-1]
-    p_t = torch.softmax(target_logits.float(), dim=-1).gather(
-        1, idx.reshape(n, -1, 1).expand(-1, -1, v)).view(n, a, g, v)  # target at the same positions
     logp_d = torch.log_softmax(logits.float(), dim=-1)
-    l1 = (logp_d.exp() - p_t).abs().sum(-1)  # [N, A, G]
+    if top is None:
+        assert target_logits is not None
+        v = logits.shape[-1]
+        p_t = torch.softmax(target_logits.float(), dim=-1).gather(
+            1, idx.reshape(n, -1, 1).expand(-1, -1, v)).view(n, a, g, v)  # target at the same positions
+        l1 = (logp_d.exp() - p_t).abs().sum(-1)  # [N, A, G]
+    else:  # p_t = 0 outside its top-K: |p_d - p_t| summed there is the draft mass left over
+        kk = top[0].shape[-1]
+        vals = top[0].float().gather(1, idx.reshape(n, -1, 1).expand(-1, -1, kk)).view(n, a, g, kk)
+        ids = top[1].long().gather(1, idx.reshape(n, -1, 1).expand(-1, -1, kk)).view(n, a, g, kk)
+        pd_top = logp_d.gather(-1, ids).exp()
+        l1 = (pd_top - vals).abs().sum(-1) + (1.0 - pd_top.sum(-1)).clamp(min=0.0)
     ce = -logp_d.gather(-1, truth[..., None]).squeeze(-1)
     label = (1.0 - 0.5 * l1).detach().clamp(0.0, 1.0)
     bce = F.binary_cross_entropy_with_logits(conf.float(), label, reduction="none")
@@ -158,9 +193,13 @@ def build_model(cfg: TrainConfig, target: LeanModel) -> DSparkDraftModel:
 
 
 def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Path,
-                  on_step: Callable[[int, dict[str, float]], None] | None = None) -> DSparkDraftModel:
-    """Train (or resume) a drafter; saves checkpoints and the final drafter (fp16) into `out`."""
+                  on_step: Callable[[int, dict[str, float]], None] | None = None,
+                  state_dir: Path | None = None) -> DSparkDraftModel:
+    """Train (or resume) a drafter; the final drafter (fp16) goes to `out`, resumable checkpoints to
+    `state_dir` (default `out`)."""
     out.mkdir(parents=True, exist_ok=True)
+    state_dir = state_dir or out
+    state_dir.mkdir(parents=True, exist_ok=True)
     for p in target.parameters():
         p.requires_grad_(False)
     model = build_model(cfg, target)
@@ -168,7 +207,7 @@ def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Pat
                             weight_decay=cfg.weight_decay)
     start = 0
     gen = torch.Generator().manual_seed(cfg.seed)
-    state_path = out / STATE_FILE
+    state_path = state_dir / STATE_FILE
     if state_path.is_file():
         state = torch.load(state_path, weights_only=False)
         model.load_state_dict(state["model"])
@@ -182,6 +221,9 @@ def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Pat
         raise ValueError(f"sequences of {t} tokens are too short for blocks of {g} after a {data.prompt_len}-token "
                          "prompt; generate longer continuations")
     layers = tuple(model.cfg.target_layers)
+    cached = data.hidden is not None and data.top_probs is not None and data.top_ids is not None
+    if cached and data.layers != layers:
+        raise ValueError(f"cached target states are of layers {data.layers}, the drafter reads {layers}")
     model.train()
     for step in range(start, cfg.steps):
         lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup)) * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
@@ -189,15 +231,20 @@ def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Pat
             group["lr"] = lr
         rows = torch.randint(0, n_seq, (cfg.batch_seqs,), generator=gen)
         tokens = data.tokens[rows].to(target.device)
-        with torch.no_grad():
-            t_logits, t_hidden = target.forward_full(tokens, hidden_layers=layers)
+        top = None
+        if cached:
+            t_logits, t_hidden = None, data.hidden[rows].to(target.device)  # type: ignore[index]
+            top = (data.top_probs[rows].to(target.device), data.top_ids[rows].to(target.device))  # type: ignore[index]
+        else:
+            with torch.no_grad():
+                t_logits, t_hidden = target.forward_full(tokens, hidden_layers=layers)
         anchors = sample_anchors(cfg.batch_seqs, cfg.anchors_per_seq, lo, hi, gen).to(target.device)
-        loss, stats = drafter_loss(model, tokens, t_logits, t_hidden, anchors, cfg.loss)
+        loss, stats = drafter_loss(model, tokens, t_logits, t_hidden, anchors, cfg.loss, top)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        stats["loss"], stats["lr"] = float(loss), lr
+        stats["loss"], stats["lr"] = float(loss.detach()), lr
         if on_step:
             on_step(step + 1, stats)
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:

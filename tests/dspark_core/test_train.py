@@ -13,6 +13,7 @@ from dspark_core.train import (
     TrainConfig,
     TrainData,
     build_model,
+    cache_target,
     drafter_loss,
     evaluate_acceptance,
     generate_continuations,
@@ -63,7 +64,30 @@ def test_loss_terms_and_perfect_match(target, data) -> None:
     assert loss.requires_grad and set(stats) >= {"ce", "tv", "conf", "accept"}
     assert 0.0 <= stats["accept"] <= 1.0 and stats["tv"] > 0
     expect = 0.1 * stats["ce"] + 0.9 * stats["tv"] + 1.0 * stats["conf"]
-    assert float(loss) == pytest.approx(expect, rel=1e-5)
+    assert float(loss.detach()) == pytest.approx(expect, rel=1e-5)
+
+
+def test_cached_top_k_target_matches_the_dense_loss(target, data) -> None:
+    model = build_model(_cfg(), target)
+    cached = cache_target(target, TrainData(tokens=data.tokens[:4], prompt_len=6), (0, 1), k=40)  # K = V
+    assert cached.hidden is not None and cached.hidden.shape[:2] == (4, 32)
+    t_logits, hidden = target.forward_full(data.tokens[:4], hidden_layers=(0, 1))
+    anchors = torch.tensor([[5, 9], [6, 12], [20, 27], [5, 5]])
+    dense, _ = drafter_loss(model, data.tokens[:4], t_logits, hidden, anchors, LossWeights())
+    sparse, _ = drafter_loss(model, data.tokens[:4], None, cached.hidden.float(), anchors, LossWeights(),
+                             (cached.top_probs, cached.top_ids))
+    assert float(sparse.detach()) == pytest.approx(float(dense.detach()), rel=2e-3)
+    small = cache_target(target, TrainData(tokens=data.tokens[:4], prompt_len=6), (0, 1), k=8)
+    torch.testing.assert_close(small.top_probs.float().sum(-1), torch.ones(4, 32), atol=2e-3, rtol=0)
+
+
+def test_training_on_cached_target_outputs(target, data, tmp_path) -> None:
+    cached = cache_target(target, data, (0, 1), k=16)
+    losses: list[float] = []
+    train_drafter(target, cached, _cfg(steps=30), tmp_path, on_step=lambda s, st: losses.append(st["loss"]))
+    assert sum(losses[-5:]) < sum(losses[:5])
+    with pytest.raises(ValueError, match="layers"):
+        train_drafter(target, cache_target(target, data, (1,), k=4), _cfg(steps=2), tmp_path / "x")
 
 
 @pytest.mark.parametrize("head", ["none", "markov", "rnn"])

@@ -1,0 +1,205 @@
+"""CLI commands of DSpark part 2: `train-drafter` and `calibrate` (registered by cli.py via `register`).
+
+Heavy imports (torch, rich.progress) happen inside the commands so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from dspark_core.config import ASSETS
+from dspark_core.errors import DSparkError
+
+HEADS = ("none", "markov", "rnn")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `train-drafter` and `calibrate` to the root app."""
+    app.command("train-drafter")(train_drafter_cmd)
+    app.command("calibrate")(calibrate_cmd)
+
+
+def _emit(obj: dict[str, Any], as_json: bool, lines: list[str]) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+    else:
+        from rich.console import Console
+
+        console = Console()
+        for line in lines:
+            console.print(line)
+
+
+def _load_target(path: Path, device: str) -> Any:
+    import torch
+
+    from dspark_core.checkpoint import load_model
+
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    return load_model(path, device, "fp32")
+
+
+def code_prompts(target_path: Path, *, count: int, length: int, seed: int, heldout: bool) -> Any:
+    """Windows of `length` tokens from the standard library's sources: the training split of the tiny target
+    (heldout=False) or its held-out 2 % (heldout=True, used for calibration)."""
+    from dspark_core.build_tiny import is_heldout, stdlib_sources
+    from dspark_core.tokenizer import Tokenizer
+    from dspark_core.train import stdlib_prompts
+
+    tok = Tokenizer.load(target_path)
+    files = [f for f in stdlib_sources() if is_heldout(f) == heldout]
+    if not files:
+        raise DSparkError("no standard-library sources found to build prompts from; is this a full Python install?")
+    return stdlib_prompts(tok.encode, files, count, length, seed)
+
+
+def target_data(target: Any, target_path: Path, *, sequences: int, prompt_len: int, gen_len: int,
+                greedy_fraction: float, temperature: float, seed: int, heldout: bool) -> Any:
+    """Prompts continued by the target (the first greedy_fraction of rows greedy, the rest sampled)."""
+    import torch
+
+    from dspark_core.train import TrainData, generate_continuations
+
+    prompts = code_prompts(target_path, count=sequences, length=prompt_len, seed=seed, heldout=heldout)
+    chunks = []
+    for s in range(0, sequences, 128):
+        part = prompts[s:s + 128].to(target.device)
+        greedy_rows = min(part.shape[0], max(0, round(greedy_fraction * sequences) - s))
+        chunks.append(generate_continuations(target, part, gen_len, temperature=temperature,
+                                             greedy_rows=greedy_rows, seed=seed + s).cpu())
+    return TrainData(tokens=torch.cat(chunks), prompt_len=prompt_len)
+
+
+def train_drafter_cmd(
+    head: Annotated[str, typer.Option(help="Sequential head: none (DFlash-style), markov or rnn.")] = "markov",
+    out: Annotated[Path | None, typer.Option(help="Output folder (default: the tiny drafter for --head).")] = None,
+    target: Annotated[Path, typer.Option(help="Target checkpoint folder (HF format).")] = ASSETS / "target",
+    steps: Annotated[int, typer.Option(min=1, help="Optimiser steps.")] = 600,
+    block_size: Annotated[int, typer.Option(min=1, max=16, help="Block length gamma trained for.")] = 16,
+    layers: Annotated[int, typer.Option(min=1, max=8, help="Draft transformer layers.")] = 2,
+    rank: Annotated[int, typer.Option(min=4, help="Markov rank r (W1 / W2 width).")] = 64,
+    batch_seqs: Annotated[int, typer.Option(min=1, help="Sequences per step.")] = 12,
+    anchors: Annotated[int, typer.Option(min=1, help="Random anchors (blocks) per sequence per step.")] = 6,
+    lr: Annotated[float, typer.Option(min=0.0, help="Peak learning rate.")] = 2e-3,
+    sequences: Annotated[int, typer.Option(min=8, help="Target-generated training sequences.")] = 512,
+    prompt_len: Annotated[int, typer.Option(min=2, help="Prompt tokens per sequence.")] = 32,
+    gen_len: Annotated[int, typer.Option(min=8, help="Target-generated tokens per sequence.")] = 96,
+    greedy_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of greedy continuations.")] = 0.5,
+    temperature: Annotated[float, typer.Option(min=0.0, help="Temperature of the sampled continuations.")] = 0.8,
+    seed: Annotated[int, typer.Option(help="Seed for data, init and anchors.")] = 0,
+    state_dir: Annotated[Path | None, typer.Option(help="Checkpoints + cached data (default: user cache).")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Ignore a previous run's checkpoint.")] = False,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "cpu",
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
+) -> None:
+    """Train a DSpark drafter for a frozen target (resumes from the checkpoint in --state-dir when present)."""
+    import torch
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from dspark_core.drafter import DraftConfig
+    from dspark_core.train import (
+        DATA_FILE,
+        STATE_FILE,
+        TrainConfig,
+        TrainData,
+        cache_target,
+        evaluate_acceptance,
+        train_drafter,
+    )
+
+    if head not in HEADS:
+        raise DSparkError(f"--head {head!r} is not one of {', '.join(HEADS)}")
+    if gen_len < block_size + 2:
+        raise DSparkError(f"--gen-len {gen_len} is too short for blocks of {block_size}; use at least {block_size + 2}")
+    folder = out or ASSETS / "drafters" / head
+    work = state_dir or Path.home() / ".cache" / "dspark-tune" / "train-drafter" / head
+    work.mkdir(parents=True, exist_ok=True)
+    if fresh:
+        (work / STATE_FILE).unlink(missing_ok=True)
+    cfg = TrainConfig(head=head, block_size=block_size, num_layers=layers, markov_rank=rank, steps=steps,
+                      batch_seqs=batch_seqs, anchors_per_seq=anchors, lr=lr, seed=seed)
+    state_file = work / STATE_FILE
+    if state_file.is_file():
+        prev = torch.load(state_file, weights_only=False).get("config", {})
+        keys = ("head", "block_size", "num_layers", "markov_rank")
+        if any(prev.get(k) != getattr(cfg, k) for k in keys):
+            raise DSparkError(f"{state_file} is from a different drafter ({ {k: prev.get(k) for k in keys} }); "
+                              "pass --fresh or another --out")
+    tgt = _load_target(target, device)
+    data_file = work / DATA_FILE
+    meta = dict(sequences=sequences, prompt_len=prompt_len, gen_len=gen_len, greedy_fraction=greedy_fraction,
+                temperature=temperature, seed=seed, target=str(target))
+    cols = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+            TextColumn("loss {task.fields[loss]:.3f} accept {task.fields[acc]:.3f}"), TimeElapsedColumn(),
+            TimeRemainingColumn())
+    with Progress(*cols, disable=as_json, transient=False) as progress:
+        cached = torch.load(data_file, weights_only=False) if data_file.is_file() else None
+        if cached is not None and cached.get("meta") == meta:
+            data = TrainData(tokens=cached["tokens"], prompt_len=prompt_len)
+        else:
+            task = progress.add_task("target continuations", total=1, loss=float("nan"), acc=float("nan"))
+            data = target_data(tgt, target, sequences=sequences, prompt_len=prompt_len, gen_len=gen_len,
+                               greedy_fraction=greedy_fraction, temperature=temperature, seed=seed, heldout=False)
+            torch.save({"meta": meta, "tokens": data.tokens}, data_file)
+            progress.update(task, advance=1)
+        layers = tuple(DraftConfig.for_target(tgt.arch).target_layers)
+        task = progress.add_task("target states", total=data.tokens.shape[0], loss=float("nan"), acc=float("nan"))
+        data = cache_target(tgt, data, layers, on_batch=lambda n: progress.update(task, advance=n))
+        task = progress.add_task(f"train {head}", total=steps, loss=float("nan"), acc=float("nan"))
+        ema: dict[str, float] = {}
+
+        def on_step(step: int, stats: dict[str, float]) -> None:
+            for k in ("loss", "accept"):
+                ema[k] = stats[k] if k not in ema else 0.9 * ema[k] + 0.1 * stats[k]
+            progress.update(task, completed=step, loss=ema["loss"], acc=ema["accept"])
+
+        model = train_drafter(tgt, data, cfg, folder, on_step=on_step, state_dir=work)
+    held = target_data(tgt, target, sequences=32, prompt_len=prompt_len, gen_len=min(gen_len, 64),
+                       greedy_fraction=1.0, temperature=0.0, seed=seed + 1, heldout=True)
+    acc = evaluate_acceptance(model, tgt, held)
+    params = sum(p.numel() for p in model.parameters())
+    result = {"out": str(folder), "head": head, "steps": steps, "params": params,
+              "final_loss": ema.get("loss"), "heldout_position_acceptance": [round(a, 4) for a in acc]}
+    _emit(result, as_json, [f"drafter ({head}, {params / 1e6:.2f} M params) -> {folder}",
+                            "held-out teacher-forced acceptance per position: "
+                            + " ".join(f"{a:.2f}" for a in acc)])
+
+
+def calibrate_cmd(
+    drafter: Annotated[Path, typer.Option(help="Drafter folder.")] = ASSETS / "drafters" / "markov",
+    target: Annotated[Path, typer.Option(help="Target checkpoint folder (HF format).")] = ASSETS / "target",
+    out: Annotated[Path | None, typer.Option(help="Output JSON (default: <drafter>/sts.json).")] = None,
+    sequences: Annotated[int, typer.Option(min=4, help="Held-out prompts.")] = 96,
+    anchors: Annotated[int, typer.Option(min=1, help="Rounds per held-out sequence.")] = 12,
+    prompt_len: Annotated[int, typer.Option(min=2, help="Prompt tokens per sequence.")] = 32,
+    gen_len: Annotated[int, typer.Option(min=8, help="Greedy target tokens per sequence.")] = 64,
+    seed: Annotated[int, typer.Option(help="Seed for prompts and anchors.")] = 0,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "cpu",
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
+) -> None:
+    """Fit STS temperatures on held-out greedy rounds; write SGLang's DSparkStsCalibration JSON."""
+    from dspark_core.calibrate import calibration_from_fit, fit_sts, survival_labels
+    from dspark_core.drafter import load_drafter
+    from dspark_core.rounds import simulate_greedy_rounds
+
+    tgt = _load_target(target, device)
+    model = load_drafter(drafter, tgt)
+    if gen_len < model.cfg.block_size + 2:
+        raise DSparkError(f"--gen-len {gen_len} is too short for the drafter's blocks of {model.cfg.block_size}")
+    held = target_data(tgt, target, sequences=sequences, prompt_len=prompt_len, gen_len=gen_len,
+                       greedy_fraction=1.0, temperature=0.0, seed=seed + 100, heldout=True)
+    rounds = simulate_greedy_rounds(model, tgt, held.tokens, prompt_len, anchors_per_seq=anchors, seed=seed)
+    fit = fit_sts(rounds.confidence_logits, survival_labels(rounds.accepted, rounds.gamma))
+    n = int(rounds.accepted.numel())
+    cal = calibration_from_fit(fit, dataset=f"stdlib-heldout greedy rounds ({target.name})", num_samples=n)
+    path = out or drafter / "sts.json"
+    cal.save(path)
+    lines = [f"STS over {n} held-out rounds -> {path}", "pos  T       ECE before  ECE after"]
+    lines += [f"{k + 1:>3}  {t:6.3f}  {b:10.4f}  {a:9.4f}"
+              for k, (t, b, a) in enumerate(zip(cal.temperatures, cal.ece_before, cal.ece_after, strict=True))]
+    _emit({"out": str(path), **cal.model_dump(), "position_acceptance": rounds.position_acceptance()}, as_json, lines)
