@@ -57,14 +57,15 @@ class SimulateEvaluator(Evaluator):
 
     mode = "simulate"
 
-    def __init__(self, profile: Profile, n_requests: int = 48, efficiency=None) -> None:
+    def __init__(self, profile: Profile, n_requests: int | None = None, efficiency=None) -> None:
         from tuner.perf import Efficiency, Hardware, ModelShape
 
         self.profile = profile
         self.shape = ModelShape.from_profile(profile)
         self.hw = Hardware.from_profile(profile)
         self.eff = efficiency or Efficiency.default()
-        self.n_requests = n_requests
+        # enough requests that a closed loop of `concurrency` clients reaches steady state
+        self.n_requests = n_requests or min(256, max(48, 3 * (profile.workload.concurrency or 16)))
 
     def perf(self, params: dict[str, Any]):  # -> PerfModel
         from tuner.perf import PerfModel

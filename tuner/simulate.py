@@ -111,8 +111,11 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
 
     pending = deque(reqs[:closed] if closed else reqs)
     backlog = deque(reqs[closed:] if closed else [])
-    for r in pending:
-        r.arrival = 0.0 if closed else r.arrival
+    if closed:
+        # clients of a closed loop are desynchronised in steady state: start them over one request's span
+        ramp = float(np.mean([r.output for r in reqs])) * perf.step(closed, ctx0, closed).seconds
+        for r, start in zip(pending, sorted(rng.uniform(0.0, ramp, len(pending))), strict=True):
+            r.arrival = float(start)
     running: list[Request] = []
     done: list[Request] = []
     t, rounds, spec_rounds, gained_spec, verify_total = 0.0, 0, 0, 0, 0

@@ -80,7 +80,9 @@ def space_from_plan(plan: Plan) -> SearchSpace:
     for k, p in plan.prefer.items():
         if k in dists and dists[k]._contains(dists[k].to_internal_repr(p.value)):
             warm[k] = p.value
-    defaults = {k: v for k, v in engine_defaults().items() if k not in fixed and k not in dists}
+    # a preference on a parameter nobody searches or fixes is the value to use (a soft default)
+    soft = {k: p.value for k, p in plan.prefer.items() if k not in dists and k not in fixed}
+    defaults = {**{k: v for k, v in engine_defaults().items() if k not in fixed and k not in dists}, **soft}
     return SearchSpace(dists, fixed, defaults, warm)
 
 

@@ -51,7 +51,7 @@ class StudySpec(BaseModel):
     slo_ttft_ms: float | None = None  # p99 TTFT limit (constraint)
     slo_tpot_ms: float | None = None  # p99 TPOT limit (constraint)
     seed: int = 0
-    n_requests: int = 48  # simulated requests per trial
+    n_requests: int | None = None  # simulated requests per trial (None: 3 x concurrency, 48..256)
     tool_version: str = ""
 
     def profile_model(self) -> Profile:
