@@ -128,6 +128,9 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                             seed=seed, tool_version=tool)
         study_name = study_name or _default_study(profile, plan_json, chosen, objectives, seed)
         st.open_study(url, study_name, spec)
+    if not as_json:
+        err_console.print(f"study [bold]{study_name}[/] in {_shown(url)}: Ctrl-C keeps every completed trial; "
+                          f"resume with --study {study_name}")
     done = _progress_runner(url, study_name, trials, workers, timeout, as_json)
     result = export_study(url, study_name, out)
     summary = {"study": study_name, "trials": len(st.completed(done)), **result.to_json()}
@@ -138,6 +141,12 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
     if not result.meets_slo:
         raise TunerError(f"no configuration met the SLOs in {summary['trials']} trials; {out}/ holds the closest "
                          "one and report.md says by how much (loosen the SLOs, add GPUs or change the workload)")
+
+
+def _shown(url: str) -> str:
+    from kb.db import _redact
+
+    return _redact(url)
 
 
 def _exists(url: str, name: str) -> bool:
