@@ -119,9 +119,7 @@ def _activation(g: _Graph, name: str, depth: int = 6) -> tuple[str | None, Any |
     kind: str | None = None
     found: Any | None = None
     frontier, seen = [name], set()
-    for _ in range(depth):
-        if found is not None:  # finish the level first: the Sigmoid of x * Sigmoid(x) sits beside x
-            return kind, found
+    for _ in range(depth):  # the whole neighbourhood: the Sigmoid / Erf sits beside the gate, not above it
         nxt = []
         for t in frontier:
             if t in seen or g.is_const(t):

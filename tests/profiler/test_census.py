@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from profiler.arch import read_config
 from profiler.catalog import resolve_model
 from profiler.census import _shipped, census, census_onnx_file, compute_census, count_ops, export_layer
+from profiler.errors import ProfileError
 
 
 def _spec(name: str):
@@ -18,8 +19,17 @@ def _spec(name: str):
     return read_config(entry.config, entry.name)
 
 
-def _handmade_onnx(path: Path) -> None:
-    """x -> RMSNorm -> gate/up MatMuls -> SiLU(gate) * up -> down; plus a residual Add feeding a norm."""
+def _act_nodes(act: str) -> list:
+    """gate -> activation output 'a': SiLU as gate * Sigmoid(gate), GELU in torch's erf expansion."""
+    if act == "silu":
+        return [helper.make_node("Sigmoid", ["gate"], ["sg"]), helper.make_node("Mul", ["gate", "sg"], ["a"])]
+    return [helper.make_node("Div", ["gate", "sqrt2"], ["gd"]), helper.make_node("Erf", ["gd"], ["ge"]),
+            helper.make_node("Add", ["ge", "one"], ["g1"]), helper.make_node("Mul", ["gate", "g1"], ["gm"]),
+            helper.make_node("Mul", ["gm", "half"], ["a"])]
+
+
+def _handmade_onnx(path: Path, act: str = "silu") -> None:
+    """x -> RMSNorm -> gate/up MatMuls -> act(gate) * up -> down; plus a residual Add feeding a norm."""
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -27,6 +37,8 @@ def _handmade_onnx(path: Path) -> None:
          for n, s in (("wg", (8, 16)), ("wu", (8, 16)), ("wd", (16, 8)), ("g", (8,)))}
     two = numpy_helper.from_array(np.array(2.0, dtype="float32"), "two")
     eps = numpy_helper.from_array(np.array(1e-6, dtype="float32"), "eps")
+    consts = [numpy_helper.from_array(np.array(v, dtype="float32"), n)
+              for n, v in (("sqrt2", 2 ** 0.5), ("one", 1.0), ("half", 0.5))]
     nodes = [
         helper.make_node("Pow", ["x", "two"], ["sq"]),
         helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1], keepdims=1),
@@ -36,9 +48,8 @@ def _handmade_onnx(path: Path) -> None:
         helper.make_node("Mul", ["xn0", "g"], ["xn"]),
         helper.make_node("MatMul", ["xn", "wg"], ["gate"]),
         helper.make_node("MatMul", ["xn", "wu"], ["up"]),
-        helper.make_node("Sigmoid", ["gate"], ["sg"]),
-        helper.make_node("Mul", ["gate", "sg"], ["silu"]),
-        helper.make_node("Mul", ["silu", "up"], ["act"]),
+        *_act_nodes(act),
+        helper.make_node("Mul", ["a", "up"], ["act"]),
         helper.make_node("MatMul", ["act", "wd"], ["down"]),
         helper.make_node("Add", ["x", "down"], ["h"]),
         helper.make_node("Pow", ["h", "two"], ["sq2"]),
@@ -47,16 +58,17 @@ def _handmade_onnx(path: Path) -> None:
     ]
     graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 1])],
-                              initializer=[*w.values(), two, eps])
+                              initializer=[*w.values(), two, eps, *consts])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
 
-def test_census_of_a_generated_onnx_file(tmp_path):
+@pytest.mark.parametrize("act, glu, other", [("silu", "swiglu", "geglu"), ("gelu", "geglu", "swiglu")])
+def test_census_of_a_generated_onnx_file(tmp_path, act, glu, other):
     path = tmp_path / "mlp.onnx"
-    _handmade_onnx(path)
+    _handmade_onnx(path, act)
     ops = census_onnx_file(path)
     assert ops["rmsnorm"] == 2
-    assert ops["swiglu"] == 1 and ops["gate_up_proj"] == 1 and ops["geglu"] == 0
+    assert ops[glu] == 1 and ops["gate_up_proj"] == 1 and ops[other] == 0
     assert ops["residual_add_norm"] == 1
     assert ops["rope"] == ops["softmax"] == ops["moe_routing"] == ops["qkv_proj"] == 0
 
@@ -95,3 +107,11 @@ def test_census_is_cached_per_signature(tmp_path):
     assert src1 == "export" and src2 == "cache" and first == second
     same_structure = _spec("Qwen2.5-72B")  # another size, same signature: no new export
     assert census(same_structure) == (first, "cache")
+
+
+def test_unreadable_onnx_file_is_one_line(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a protobuf at all")
+    with pytest.raises(ProfileError) as e:
+        census_onnx_file(bad)
+    assert "not a readable ONNX model" in str(e.value)
