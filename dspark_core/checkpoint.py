@@ -100,6 +100,9 @@ def load_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> L
             mine[f"layers.{i}.down.weight"] = sd[p + "mlp.down_proj.weight"]
     except KeyError as e:
         raise DSparkError(f"checkpoint {folder} lacks tensor {e}; is it a {arch.model_type} decoder?") from None
+    missing = set(model.state_dict()) - set(mine)
+    if missing:
+        raise DSparkError(f"checkpoint {folder} lacks weights for {sorted(missing)[0]}; re-export it")
     model.load_state_dict({k: v.to(dt) for k, v in mine.items()}, strict=False)
     if arch.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight

@@ -24,7 +24,8 @@ Invariants a drafter can rely on, per request (slot):
   appends ``update``'s rows and never recomputes the past.
 * ``width = len(hidden_layers) * hidden_size``: the outputs of the target decoder layers listed in
   ``Drafter.hidden_layers`` (0-based decoder-layer indices, the output of that layer *before* the final
-  norm, i.e. Hugging Face's ``output_hidden_states[i + 1]``), concatenated in that order (DFlash style).
+  norm: Hugging Face's ``output_hidden_states[i + 1]`` except for the last layer, where HF applies the final
+  norm and we do not), concatenated in that order (DFlash style).
   A drafter with ``hidden_layers = ()`` gets ``hidden = None``.
 * Probabilities (``Proposal.probs``) must be computed with :func:`dspark_core.sampling.sampling_probs`
   using the request's :class:`~dspark_core.sampling.SamplingParams`, so temperature / top-k / top-p are

@@ -40,12 +40,14 @@ def check_against_hf(folder: Path, vocab: int) -> None:
     model(tokens[:1, :25], cache, [3])  # request A: 25 prompt tokens in slot 3
     model(tokens[1:, :31], cache, [1])  # request B: 31 prompt tokens in slot 1
     block = torch.stack([tokens[0, 25:30], tokens[1, 31:36]])
-    out = model(block, cache, [3, 1], [5, 3], hidden_layers=(0, n_layers - 1))
+    out = model(block, cache, [3, 1], [5, 3], hidden_layers=(n_layers - 1, 0))  # concatenated in this order
     assert rel_err(out.logits[0], ref[0, 25:30]) < REL
     assert rel_err(out.logits[1, :3], ref[1, 31:34]) < REL
     width = model.arch.hidden_size
-    assert rel_err(out.hidden[0, :, :width], ref_hidden[1][0, 25:30]) < REL
-    assert rel_err(out.hidden[1, :3, width:], ref_hidden[n_layers][1, 31:34]) < REL
+    assert rel_err(out.hidden[0, :, width:], ref_hidden[1][0, 25:30]) < REL  # layer 0 output = HF states[1]
+    # the last layer's output is returned before the final norm; HF's last hidden state has the norm applied
+    last = model.norm(out.hidden[1, :3, :width])
+    assert rel_err(last, ref_hidden[n_layers][1, 31:34]) < REL
     assert cache.length(3) == 30 and cache.length(1) == 34
     cache.truncate(3, 27)  # O(1) rollback, then continue from the rolled-back point
     out = model(tokens[:1, 27:33], cache, [3])
