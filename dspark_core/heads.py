@@ -64,11 +64,16 @@ class SequentialHead(nn.Module):
         assert self.w2 is not None
         if self.kind == "markov":
             return self.w2(e), state, e
-        assert self.rnn is not None and state is not None
+        assert state is not None
+        new_state, out = self._rnn_update(state, e, h)
+        return self.w2(torch.tanh(out)), new_state, e
+
+    def _rnn_update(self, state: torch.Tensor, e: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """z = [s_{k-1}; W1[x_{k-1}]; h_k] -> (s_k, output pre-activation W_o z), all [B, r]."""
+        assert self.rnn is not None
         gate, cand, out = self.rnn(torch.cat([state, e, h], dim=-1)).chunk(3, dim=-1)  # 3 x [B, r]
         g = torch.sigmoid(gate)
-        new_state = g * state + (1.0 - g) * torch.tanh(cand)
-        return self.w2(torch.tanh(out)), new_state, e
+        return g * state + (1.0 - g) * torch.tanh(cand), out
 
     def teacher_forced(self, prev: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
         """All positions with given previous tokens (training).
@@ -82,12 +87,13 @@ class SequentialHead(nn.Module):
         assert self.w2 is not None
         if self.kind == "markov":
             return self.w2(e), e
+        assert self.rnn is not None
         state = self.init_state(prev.shape[0], h)
         outs = []
-        for k in range(prev.shape[1]):
-            bias, state, _ = self.step(prev[:, k], h[:, k], state)
-            outs.append(bias)
-        return torch.stack(outs, dim=1), e  # type: ignore[arg-type]
+        for k in range(prev.shape[1]):  # the recurrence is [N, r]-sized; W2 runs once on all positions below
+            state, out = self._rnn_update(state, e[:, k], h[:, k])  # type: ignore[arg-type]
+            outs.append(out)
+        return self.w2(torch.tanh(torch.stack(outs, dim=1))), e
 
 
 class ConfidenceHead(nn.Module):
