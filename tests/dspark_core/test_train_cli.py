@@ -1,0 +1,73 @@
+"""`train-drafter` and `calibrate` end to end on a throw-away random target with its own small tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from dspark_core.arch import ArchConfig
+from dspark_core.build_tiny import stdlib_sources, train_tokenizer
+from dspark_core.calibrate import StsCalibration
+from dspark_core.checkpoint import load_model, save_model
+from dspark_core.commands_dspark import register
+from dspark_core.drafter import load_drafter
+from dspark_core.errors import DSparkError
+from dspark_core.model import LeanModel
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    torch.set_num_threads(1)
+    d = tmp_path_factory.mktemp("target")
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in stdlib_sources()[:40]]
+    tok_file = train_tokenizer(texts, d / "tok" / "tokenizer.json")
+    vocab = json.loads(tok_file.read_text())["model"]["vocab"]
+    torch.manual_seed(0)
+    arch = ArchConfig(model_type="qwen3", vocab_size=len(vocab) + 1, hidden_size=32, intermediate_size=48,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                      tie_word_embeddings=True, qk_norm=True, eos_token_id=0)
+    save_model(LeanModel(arch), d / "ckpt", dtype="fp32", tokenizer_file=tok_file)
+    return d / "ckpt"
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    register(app)
+    return app
+
+
+def test_train_then_calibrate(target_dir, tmp_path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "drafter"
+    args = ["train-drafter", "--head", "markov", "--target", str(target_dir), "--out", str(out), "--state-dir",
+            str(tmp_path / "state"), "--steps", "4", "--block-size", "4", "--layers", "1", "--rank", "8",
+            "--batch-seqs", "4", "--anchors", "2", "--sequences", "16", "--prompt-len", "8", "--gen-len", "12",
+            "--json"]
+    res = runner.invoke(_app(), args)
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["head"] == "markov" and len(report["heldout_position_acceptance"]) == 4
+    assert (tmp_path / "state" / "train_state.pt").is_file() and not (out / "train_state.pt").exists()
+    target = load_model(target_dir, "cpu", "fp32")
+    assert load_drafter(out, target).cfg.block_size == 4
+    # a rerun resumes at the last step: nothing left to train, same weights
+    res = runner.invoke(_app(), args)
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(_app(), ["calibrate", "--drafter", str(out), "--target", str(target_dir), "--sequences", "8",
+                                 "--anchors", "4", "--prompt-len", "8", "--gen-len", "12", "--json"])
+    assert res.exit_code == 0, res.output
+    cal = StsCalibration.load(out / "sts.json")
+    assert cal.gamma == 4 and cal.num_samples == 32 and len(cal.ece_after) == 4
+
+
+def test_bad_options_are_user_errors(target_dir, tmp_path) -> None:
+    runner = CliRunner()
+    res = runner.invoke(_app(), ["train-drafter", "--head", "lstm", "--target", str(target_dir),
+                                 "--out", str(tmp_path / "x")])
+    assert isinstance(res.exception, DSparkError) and "lstm" in str(res.exception)
+    res = runner.invoke(_app(), ["calibrate", "--drafter", str(tmp_path / "missing"), "--target", str(target_dir)])
+    assert isinstance(res.exception, DSparkError) and "no DSpark drafter" in str(res.exception)
