@@ -15,9 +15,11 @@ fp32 comparison on the same gathered values); a resampled token can differ only 
 rounding of a cumulative-sum boundary (the two sum in a different order), which leaves the distribution
 unchanged.
 
-The Triton kernel runs one program per request, so no host sync and no [B, gamma+1, V] intermediate:
-greedy reads target rows only up to the first mismatch (torch eager reads all gamma + 1 rows), sampling
-reads one row of p and q for the resample instead of materialising residuals.
+The Triton kernel runs one program per request in one launch, so no host sync and no [B, gamma+1, V]
+intermediate: greedy reads target rows only up to the first mismatch (torch eager reads all gamma + 1
+rows), sampling reads one row of p and q for the resample instead of materialising residuals. When B is
+too small to fill the GPU, config SPLIT > 1 (or SPLIT = 0, auto) switches to verify_split.py, which splits
+the vocabulary over several programs per request in two launches.
 """
 
 from __future__ import annotations
@@ -32,16 +34,20 @@ import triton.language as tl
 
 from .registry import KernelEntry, mismatch_fraction
 from .spec import KernelSpec, launch, pow2_ceil, resolve_config, use_triton
+from .verify_split import auto_split, verify_split
 
-_SPACE = {"BLOCK_V": (512, 1024, 2048, 4096, 8192), "num_warps": (2, 4, 8, 16), "num_stages": (1, 2, 3, 4)}
+# SPLIT: programs per request over the vocabulary (1 = the one-launch kernel below; >1 = verify_split.py;
+# 0 = auto: split only when B is too small to fill the GPU)
+_SPACE = {"BLOCK_V": (512, 1024, 2048, 4096, 8192), "num_warps": (2, 4, 8, 16), "num_stages": (1, 2, 3, 4),
+          "SPLIT": (0, 1, 2, 4, 8, 16, 32)}
 SPEC_GREEDY = KernelSpec(
     name="verify_greedy",
-    space={**_SPACE, "ROWS": (1, 2, 4)},  # ROWS: target rows reduced per pass over the vocabulary
+    space={**_SPACE, "ROWS": (1, 2, 4)},  # ROWS: target rows reduced per pass (one-launch kernel only)
     defaults={
-        "default": {"BLOCK_V": 1024, "num_warps": 4, "num_stages": 2, "ROWS": 1},
-        "ampere": {"BLOCK_V": 2048, "num_warps": 8, "num_stages": 2, "ROWS": 2},
-        "hopper": {"BLOCK_V": 4096, "num_warps": 8, "num_stages": 3, "ROWS": 2},
-        "blackwell": {"BLOCK_V": 4096, "num_warps": 8, "num_stages": 3, "ROWS": 2},
+        "default": {"BLOCK_V": 1024, "num_warps": 4, "num_stages": 2, "ROWS": 1, "SPLIT": 0},
+        "ampere": {"BLOCK_V": 2048, "num_warps": 8, "num_stages": 2, "ROWS": 2, "SPLIT": 0},
+        "hopper": {"BLOCK_V": 4096, "num_warps": 8, "num_stages": 3, "ROWS": 2, "SPLIT": 0},
+        "blackwell": {"BLOCK_V": 4096, "num_warps": 8, "num_stages": 3, "ROWS": 2, "SPLIT": 0},
     },
     doc="greedy verification: accept while draft == target argmax, then the target's token",
 )
@@ -49,10 +55,10 @@ SPEC_SAMPLE = KernelSpec(
     name="verify_sample",
     space=_SPACE,
     defaults={
-        "default": {"BLOCK_V": 1024, "num_warps": 4, "num_stages": 2},
-        "ampere": {"BLOCK_V": 2048, "num_warps": 8, "num_stages": 2},
-        "hopper": {"BLOCK_V": 4096, "num_warps": 8, "num_stages": 2},
-        "blackwell": {"BLOCK_V": 4096, "num_warps": 8, "num_stages": 2},
+        "default": {"BLOCK_V": 1024, "num_warps": 4, "num_stages": 2, "SPLIT": 0},
+        "ampere": {"BLOCK_V": 2048, "num_warps": 8, "num_stages": 2, "SPLIT": 0},
+        "hopper": {"BLOCK_V": 4096, "num_warps": 8, "num_stages": 2, "SPLIT": 0},
+        "blackwell": {"BLOCK_V": 4096, "num_warps": 8, "num_stages": 2, "SPLIT": 0},
     },
     doc="rejection-sampling verification with residual resampling and bonus token",
 )
@@ -264,7 +270,8 @@ def verify_triton(draft: torch.Tensor, target: torch.Tensor, *, greedy: bool,
                   draft_probs: torch.Tensor | None = None, u_accept: torch.Tensor | None = None,
                   u_sample: torch.Tensor | None = None, num_verify: torch.Tensor | None = None,
                   config: Mapping[str, int] | None = None) -> VerifyResult:
-    """One launch, grid (B,); config knobs BLOCK_V, num_warps, num_stages (see SPEC_*)."""
+    """SPLIT = 1: one launch, grid (B,), one program per request; SPLIT > 1 (or 0 = auto and B small):
+    verify_split's two launches with the vocabulary split over SPLIT programs per request."""
     b, g = draft.shape
     v = target.shape[2]
     spec = SPEC_GREEDY if greedy else SPEC_SAMPLE
@@ -283,6 +290,12 @@ def verify_triton(draft: torch.Tensor, target: torch.Tensor, *, greedy: bool,
         ua = u_accept.float()
         us = u_sample.float().contiguous()
         s_qb, s_qk, s_ub = q.stride(0), q.stride(1), ua.stride(0)
+    split = cfg["SPLIT"] if cfg["SPLIT"] > 0 else auto_split(b, v, cfg["BLOCK_V"], dev)
+    if split > 1:
+        acc, nxt, out = verify_split(draft, num, target, q, ua, us, (s_qb, s_qk, s_ub), greedy=greedy,
+                                     split=split, block_v=cfg["BLOCK_V"], num_warps=cfg["num_warps"],
+                                     num_stages=cfg["num_stages"])
+        return VerifyResult(acc, nxt, out)
     acc = torch.empty(b, device=dev, dtype=torch.int32)
     nxt = torch.empty(b, device=dev, dtype=torch.int64)
     out = torch.empty(b, g + 1, device=dev, dtype=torch.int64)

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 def variants(all_configs: bool) -> list[tuple[str, Any, dict[str, str], dict[str, Any], dict[str, int]]]:
     """(label, jit fn, signature, constexprs, launch options) for each kernel variant to build."""
-    from dspark_core.kernels import markov_head, rmsnorm, swiglu, verify
+    from dspark_core.kernels import markov_head, rmsnorm, swiglu, verify, verify_split
 
     out = []
     i32 = "i32"
@@ -35,6 +35,21 @@ def variants(all_configs: bool) -> list[tuple[str, Any, dict[str, str], dict[str
         for cfg in _configs(spec, all_configs):
             const = {"GREEDY": greedy, "BLOCK_V": cfg["BLOCK_V"], "BLOCK_G": 16, "ROWS": cfg.get("ROWS", 1)}
             out.append((f"{spec.name}/{dt}", verify._verify_kernel, sig, const, cfg))
+    for greedy in (True, False):  # the small-batch split variant: partials + finalize
+        base = {"draft_ptr": "*i64", "num_ptr": "*i32", "tgt_ptr": "*fp32", "q_ptr": "*fp32",
+                "ua_ptr": "*i64" if greedy else "*fp32"}
+        ws = {"pv_ptr": "*fp32", "pi_ptr": "*i64" if greedy else "*fp32"}
+        ints = {n: i32 for n in ("G", "V", "S", "CHUNK", "s_db", "s_tb", "s_tk", "s_qb", "s_qk", "s_ub")}
+        tag = "verify_greedy" if greedy else "verify_sample"
+        cfg = {"num_warps": 8, "num_stages": 2}
+        sig = {**base, **ws, **ints, "GREEDY": "constexpr", "BLOCK_V": "constexpr"}
+        out.append((f"{tag}/split-partial", verify_split._partial_kernel, sig, {"GREEDY": greedy, "BLOCK_V": 4096},
+                    cfg))
+        sig = {**base, "us_ptr": "*i64" if greedy else "*fp32", **ws, "acc_ptr": "*i32", "next_ptr": "*i64",
+               "out_ptr": "*i64", **ints, "GREEDY": "constexpr", "BLOCK_V": "constexpr", "BLOCK_G": "constexpr",
+               "BLOCK_S": "constexpr"}
+        out.append((f"{tag}/split-finalize", verify_split._finalize_kernel, sig,
+                    {"GREEDY": greedy, "BLOCK_V": 4096, "BLOCK_G": 16, "BLOCK_S": 32}, cfg))
     for cfg in _configs(rmsnorm.SPEC, all_configs):
         for has_res, one_pass in ((True, cfg["BLOCK_H"] == 0), (False, cfg["BLOCK_H"] == 0)):
             sig = {"x_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "res_out_ptr": "*bf16",

@@ -23,4 +23,4 @@ def test_every_kernel_compiles_for_sm90(tmp_path) -> None:
     assert proc.returncode == 0 and not failures, failures or proc.stderr[-2000:]
     labels = {r["kernel"].split("/")[0] for r in rows}
     assert labels == {"verify_greedy", "verify_sample", "rmsnorm", "swiglu", "markov_head"}
-    assert len(rows) == 10  # one per variant label: greedy fp32/bf16, sample, 2 rmsnorm, swiglu, 3 head + reduce
+    assert len(rows) == 14  # greedy fp32/bf16, sample, 4 split, 2 rmsnorm, swiglu, 3 head + reduce
