@@ -109,3 +109,15 @@ def test_bad_configs_are_one_line_errors(raw, needle):
     with pytest.raises(ProfileError) as e:
         read_config(raw, "x.json")
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["Gemma-2-9B", "Gemma-3-27B", "Gemma-3-1B"])
+def test_sliding_window_layers_match_transformers_layer_types(name):
+    from transformers import AutoConfig
+
+    entry, _ = resolve_model(name)
+    s = read_config(entry.config)
+    cfg = AutoConfig.for_model(**entry.config)
+    text = getattr(cfg, "text_config", cfg)
+    assert s.sliding_layers == sum(1 for t in text.layer_types if t == "sliding_attention")
+    assert s.sliding_window == text.sliding_window
