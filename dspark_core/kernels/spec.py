@@ -54,6 +54,8 @@ class KernelSpec:
 # (kernel, shape bucket) -> tuned config; filled by the engine from a bundle, read at every launch.
 _TUNED: dict[tuple[str, str], dict[str, int]] = {}
 _LOCK = threading.Lock()
+# (kernel, bucket, device) -> resolved config: launches skip validation once resolved; cleared on load
+_RESOLVED: dict[tuple[str, str, str], dict[str, int]] = {}
 _STATE: dict[str, str] = {"backend": os.environ.get("DSPARK_KERNEL_BACKEND", "auto")}
 
 
@@ -101,6 +103,7 @@ def load_tuned(table: Mapping[str, Mapping[str, Mapping[str, int]]]) -> None:
         for kernel, buckets in table.items():
             for bucket, cfg in buckets.items():
                 _TUNED[(kernel, bucket)] = {k: int(v) for k, v in cfg.items()}
+        _RESOLVED.clear()
 
 
 def gpu_key(name: str) -> str:
@@ -133,6 +136,7 @@ def load_tuned_file(path: str | Path, device: torch.device | str | None = None) 
 def clear_tuned() -> None:
     with _LOCK:
         _TUNED.clear()
+        _RESOLVED.clear()
 
 
 def tuned_table() -> dict[str, dict[str, dict[str, int]]]:
@@ -158,6 +162,14 @@ def resolve_config(spec: KernelSpec, bucket: str, device: torch.device | str | N
     if override is not None:
         spec.validate(override, where="override")
         return dict(override)
+    key = (spec.name, bucket, str(device))
+    hit = _RESOLVED.get(key)
+    if hit is None:
+        hit = _RESOLVED[key] = _resolve(spec, bucket, device)
+    return dict(hit)
+
+
+def _resolve(spec: KernelSpec, bucket: str, device: torch.device | str | None) -> dict[str, int]:
     base = dict(spec.defaults.get(gpu_arch(device), spec.defaults["default"]))
     for key, partial in ((bucket, False), (ANY_BUCKET, True)):
         tuned = _TUNED.get((spec.name, key))

@@ -152,3 +152,29 @@ def test_cli_user_errors(argv: list[str], needle: str, capsys) -> None:
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and needle in err and "\n" not in err
+
+
+def test_cli_end_to_end_with_a_fake_gpu(tmp_path, monkeypatch, capsys) -> None:
+    """The command's wiring (options, study per bucket, JSON, storage) with the GPU and clock faked."""
+    class FakeBench:
+        def __init__(self, device: str, seed: int = 0) -> None:
+            self.timer = FakeTimer({"swiglu": SWIGLU_OPT, "rmsnorm": NORM_OPT})
+
+        def __call__(self, kernel: str, shape: dict[str, int], config: dict[str, int]) -> float:
+            return self.timer(kernel, shape, config)
+
+        def torch_ms(self, kernel: str, shape: dict[str, int]) -> float:
+            return 4.0
+
+    monkeypatch.setattr(kt, "local_gpu", lambda: ("nvidia-fake-gpu", "NVIDIA Fake GPU"))
+    monkeypatch.setattr(kt, "DoBenchTimer", FakeBench)
+    url = f"sqlite:///{tmp_path / 'kb.sqlite'}"
+    argv = ["tune-kernels", "--kernels", "swiglu", "--kernels", "rmsnorm", "--batch", "1,64", "--trials", "30",
+            "--hidden", "64", "--inter", "300", "--db", url, "--json"]
+    assert cli.main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["gpu"] == "NVIDIA Fake GPU" and len(report["results"]) == 4  # 2 kernels x 2 buckets
+    assert {r["kernel"]: r["config"] for r in report["results"]} == {"swiglu": SWIGLU_OPT, "rmsnorm": NORM_OPT}
+    assert all(r["speedup_vs_torch"] == 4.0 for r in report["results"])
+    stored = kt.lookup_kernel_configs(open_db(url), "NVIDIA Fake GPU")
+    assert {k: len(v) for k, v in stored.items()} == {"swiglu": 2, "rmsnorm": 2}
