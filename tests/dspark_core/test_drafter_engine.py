@@ -45,7 +45,7 @@ def _drafter(target, head: str, block: int = 4) -> DSparkDrafter:
 @pytest.mark.parametrize("head", ["none", "markov", "rnn"])
 @pytest.mark.parametrize("scheduler", ["verify_all", "threshold", "prefix", "async_topk"])
 def test_greedy_is_lossless_for_every_head_and_scheduler(head: str, scheduler: str, target, plain) -> None:
-    for block in (1, 3, 8, 16) if scheduler == "prefix" else (2, 7):
+    for block in range(1, 17) if head == "markov" else (1, 3, 8, 16):
         cfg = engine_config(block=block, max_requests=3, method="dspark")
         cfg.spec.head = head  # type: ignore[assignment]
         cfg.spec.scheduler = scheduler  # type: ignore[assignment]
