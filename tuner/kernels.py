@@ -155,7 +155,8 @@ class DoBenchTimer:
         except AssertionError:
             return math.inf
         except Exception as e:  # compile errors, out of resources: an invalid point of the space
-            if type(e).__name__ in ("CompilationError", "OutOfResources", "CompileTimeAssertionFailure") \
+            if type(e).__name__ in ("CompilationError", "OutOfResources", "CompileTimeAssertionFailure",
+                                    "PTXASError") \
                     or "out of resource" in str(e).lower():
                 return math.inf
             raise
@@ -223,7 +224,9 @@ def tune_kernel(job: KernelJob, timer: Timer, *, gpu: str, arch: str, n_trials: 
 
     Repeated points (TPE can propose a config twice in a small categorical space) reuse the first
     measurement; invalid configs (timer returns inf) are pruned. `storage` is an Optuna storage or URL
-    (None = in memory); the study name is kernels/<gpu>/<kernel>/<bucket>, resumed if it exists.
+    (None = in memory); the study name is kernels/<gpu>/<kernel>/<bucket>/<space hash>, resumed if it
+    exists (a changed space - new knobs, a plan's narrowing - starts a new study: Optuna cannot change the
+    choices of a categorical parameter inside one study).
     """
     import optuna
 
@@ -234,7 +237,7 @@ def tune_kernel(job: KernelJob, timer: Timer, *, gpu: str, arch: str, n_trials: 
     default = _first_trial(knobs, spec.defaults.get(arch, spec.defaults["default"]), start or {})
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
-        study_name=f"kernels/{gpu}/{job.kernel}/{job.bucket}" + ("" if space is None else f"/{_space_tag(knobs)}"),
+        study_name=f"kernels/{gpu}/{job.kernel}/{job.bucket}/{_space_tag(knobs)}",
         storage=storage, direction="minimize",
         sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(8, max(1, n_trials // 3))),
         load_if_exists=True)
