@@ -10,7 +10,7 @@ only when a kernel disagrees with its reference.
     python benchmarks/gpu_kernels.py                      # on a CUDA machine (~3-5 min incl. compiles)
     python benchmarks/gpu_kernels.py --sweep 0 --no-compile   # quicker: defaults only
     python benchmarks/gpu_kernels.py --dry-run            # CPU: tiny shapes in Triton's interpreter
-    python benchmarks/gpu_kernels.py --out results.md --json results.json
+    python benchmarks/gpu_kernels.py --out results.md --json results.json   # rewritten after every case
 """
 
 from __future__ import annotations
@@ -223,6 +223,7 @@ def write_atomic(path: str, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
     with os.fdopen(fd, "w") as f:
         f.write(text)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 
@@ -251,24 +252,30 @@ def main(argv: list[str] | None = None) -> int:
     header = {"gpu": "CPU (dry run)" if dry else torch.cuda.get_device_name(0), "device": device,
               "torch": torch.__version__, "triton": triton.__version__, "dry_run": dry}
     header["copy_gbs"] = copy_bandwidth_gbs(device, dry, bench)
-    rows = []
+    sched = scheduler_row(device, bench)
+    rows: list[Row] = []
+
+    def save() -> str:  # after every case, so a run cut short by a time limit still leaves its rows
+        text = markdown(rows, header, sched)
+        if args.out:
+            write_atomic(args.out, text)
+        if args.json_path:
+            write_atomic(args.json_path, json.dumps({"header": header, "scheduler_ms": sched,
+                                                     "rows": [dataclasses.asdict(r) for r in rows]}, indent=2,
+                                                    default=str))
+        return text
+
     for label, kernel, shape, tiny, target in CASES:
         if wanted and kernel not in wanted:
             continue
-        print(f"{label} ...", file=sys.stderr)
+        t0 = time.perf_counter()
         rows.append(run_case(label, kernel, tiny if dry else shape, target, device=device, dry=dry, bench=bench,
                              sweep=sweep, use_compile=use_compile, bw=header["copy_gbs"]))
+        print(f"{label}: done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        save()
         if not dry:
             torch.cuda.empty_cache()
-    sched = scheduler_row(device, bench)
-    text = markdown(rows, header, sched)
-    print(text)
-    if args.out:
-        write_atomic(args.out, text)
-    if args.json_path:
-        write_atomic(args.json_path, json.dumps({"header": header, "scheduler_ms": sched,
-                                                 "rows": [dataclasses.asdict(r) for r in rows]}, indent=2,
-                                                default=str))
+    print(save())
     return 0 if all(r.correct for r in rows) else 1
 
 

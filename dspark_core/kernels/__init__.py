@@ -1,6 +1,7 @@
 """Triton kernels for the DSpark hot path, each with its PyTorch reference in the same file.
 
     verify.py            batched greedy / rejection-sampling verification over [B, gamma, V], one launch
+    verify_split.py      its small-batch variant: vocabulary split over programs, two launches
     markov_head.py       fused Markov-head step: base logits + W1[x_prev] @ W2, temperature, sampling
     rmsnorm.py           RMSNorm with the residual add fused in
     swiglu.py            silu(gate) * up
