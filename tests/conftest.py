@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import uuid
+
+# Triton kernels run in the interpreter on CPU; set before anything imports triton.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 from collections.abc import Iterator
 
 import pytest
