@@ -158,6 +158,8 @@ def train_lm(arch: ArchConfig, data: torch.Tensor, spec: TrainSpec, seed: int, p
         opt.step()
         ema = loss.item() if math.isnan(ema) else 0.95 * ema + 0.05 * loss.item()
         progress.update(task, advance=1, loss=ema)
+        if not progress.console.is_terminal and (step + 1) % 100 == 0:  # a visible trail in logs too
+            progress.console.print(f"{label}: step {step + 1}/{spec.steps} loss {ema:.3f}")
     model.eval()
     return model
 
