@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -94,6 +95,8 @@ def train_drafter_cmd(
     seed: Annotated[int, typer.Option(help="Seed for data, init and anchors.")] = 0,
     state_dir: Annotated[Path | None, typer.Option(help="Checkpoints + cached data (default: user cache).")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Ignore a previous run's checkpoint.")] = False,
+    max_minutes: Annotated[float, typer.Option(min=0.0, help="Stop training after this long (0 = no limit); "
+                                               "a rerun resumes.")] = 0.0,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "cpu",
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
 ) -> None:
@@ -158,12 +161,14 @@ def train_drafter_cmd(
                 ema[k] = stats[k] if k not in ema else 0.9 * ema[k] + 0.1 * stats[k]
             progress.update(task, completed=step, loss=ema["loss"], acc=ema["accept"])
 
-        model = train_drafter(tgt, data, cfg, folder, on_step=on_step, state_dir=work)
+        deadline = time.time() + 60 * max_minutes if max_minutes > 0 else None
+        model = train_drafter(tgt, data, cfg, folder, on_step=on_step, state_dir=work, deadline=deadline)
     held = target_data(tgt, target, sequences=32, prompt_len=prompt_len, gen_len=min(gen_len, 64),
                        greedy_fraction=1.0, temperature=0.0, seed=seed + 1, heldout=True)
     acc = evaluate_acceptance(model, tgt, held)
     params = sum(p.numel() for p in model.parameters())
-    result = {"out": str(folder), "head": head, "steps": steps, "params": params,
+    done = int(torch.load(state_file, weights_only=False)["step"]) if state_file.is_file() else steps
+    result = {"out": str(folder), "head": head, "steps": done, "params": params,
               "final_loss": ema.get("loss"), "heldout_position_acceptance": [round(a, 4) for a in acc]}
     _emit(result, as_json, [f"drafter ({head}, {params / 1e6:.2f} M params) -> {folder}",
                             "held-out teacher-forced acceptance per position: "

@@ -194,9 +194,10 @@ def build_model(cfg: TrainConfig, target: LeanModel) -> DSparkDraftModel:
 
 def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Path,
                   on_step: Callable[[int, dict[str, float]], None] | None = None,
-                  state_dir: Path | None = None) -> DSparkDraftModel:
+                  state_dir: Path | None = None, deadline: float | None = None) -> DSparkDraftModel:
     """Train (or resume) a drafter; the final drafter (fp16) goes to `out`, resumable checkpoints to
-    `state_dir` (default `out`)."""
+    `state_dir` (default `out`). With `deadline` (a time.time() value) training stops after the step that
+    crosses it, checkpoints, and saves the drafter as it is (a rerun continues the schedule)."""
     out.mkdir(parents=True, exist_ok=True)
     state_dir = state_dir or out
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -247,9 +248,12 @@ def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Pat
         stats["loss"], stats["lr"] = float(loss.detach()), lr
         if on_step:
             on_step(step + 1, stats)
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+        late = deadline is not None and time.time() > deadline
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps or late:
             _save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
                           "generator": gen.get_state(), "config": asdict(cfg)}, state_path)
+        if late:
+            break
     model.eval()
     model.cfg.extra.update({"train": asdict(cfg), "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     save_drafter(model, out)

@@ -122,6 +122,14 @@ def test_resume_reproduces_an_uninterrupted_run(target, data, tmp_path) -> None:
         torch.testing.assert_close(v1, v2, msg=k)
 
 
+def test_deadline_stops_early_with_a_resumable_checkpoint(target, data, tmp_path) -> None:
+    steps: list[int] = []
+    train_drafter(target, data, _cfg(steps=50), tmp_path, on_step=lambda s, _st: steps.append(s), deadline=0.0)
+    assert steps == [1]
+    assert torch.load(tmp_path / STATE_FILE, weights_only=False)["step"] == 1
+    assert load_drafter(tmp_path, target).cfg.block_size == 4
+
+
 def test_too_short_sequences_are_rejected(target, data, tmp_path) -> None:
     short = TrainData(tokens=data.tokens[:, :8], prompt_len=6)
     with pytest.raises(ValueError, match="too short"):
