@@ -111,6 +111,7 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
         (tmp / "vllm.sh").write_text(env.get_template(VLLM_TEMPLATES[1]).render(**common, **vctx))
         for f in ("sglang.sh", "vllm.sh"):
             (tmp / f).chmod(0o755)
+        _write_kernels(tmp, db_url, profile.hw.name)
         from tuner.report import write_report
 
         write_report(tmp, env.get_template(REPORT_TEMPLATE), study, spec, trial, best is not None, params, space,
@@ -129,6 +130,18 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
         raise
     files = sorted(p.name for p in out.iterdir())
     return ExportResult(out, files, trial.number, best is not None, metrics, params, evaluator.mode)
+
+
+def _write_kernels(folder: Path, db_url: str, gpu: str | None) -> None:
+    """kernels.json: the Triton configs `tune-kernels` stored for this GPU (read by the engine)."""
+    if not gpu:
+        return
+    from kb.db import open_db
+    from tuner.kernels import kernels_json, lookup_kernel_configs
+
+    db = open_db(db_url)
+    if lookup_kernel_configs(db, gpu):
+        (folder / "kernels.json").write_text(json.dumps(kernels_json(db, gpu), indent=2) + "\n")
 
 
 def _base_config(spec: StudySpec):  # -> EngineConfig

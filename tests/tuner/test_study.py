@@ -131,3 +131,18 @@ def test_unwritable_out_and_unknown_study(tmp_path):
         export_study(url, "u", Path("/proc/nope/bundle"))
     with pytest.raises(TunerError, match="no study named"):
         export_study(url, "missing", tmp_path / "b")
+
+
+def test_bundle_carries_tuned_kernel_configs(tmp_path):
+    from tuner.kernels import KernelResult, gpu_key, save_results
+
+    url = f"sqlite:///{tmp_path / 'kb.sqlite'}"
+    make_study(url, "kc")
+    st.run(url, "kc", trials=2)
+    out = tmp_path / "b"
+    assert "kernels.json" not in export_study(url, "kc", out).files  # nothing tuned for this GPU yet
+    save_results(open_db(url), [KernelResult("rmsnorm", gpu_key("H100-SXM"), "H4096", {"hidden": 4096},
+                                             {"BLOCK": 1024, "num_warps": 8}, 0.01, 0.02)], "3.x")
+    assert "kernels.json" in export_study(url, "kc", out).files
+    data = json.loads((out / "kernels.json").read_text())
+    assert data["configs"]["rmsnorm"]["H4096"]["BLOCK"] == 1024
