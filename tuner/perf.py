@@ -16,7 +16,7 @@ from profiler.schema import Profile
 DTYPE_BYTES = {"auto": 2.0, "fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0,
                "int8": 1.0, "int4": 0.5, "nvfp4": 0.5}
 # which datasheet peak a weight dtype computes at (weight-only int4 dequantises to bf16)
-COMPUTE_PEAK = {"auto": "bf16", "fp32": "bf16", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "int8": "int8",
+COMPUTE_PEAK = {"auto": "bf16", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "int8": "int8",
                 "int4": "bf16", "nvfp4": "fp4"}
 
 
@@ -92,10 +92,11 @@ class Hardware:
         if hw.measured and hw.measured.tflops_bf16:
             peaks.setdefault("bf16", hw.measured.tflops_bf16 * 1e12)
         if hw.measured and hw.measured.tflops_fp32:
-            peaks.setdefault("bf16", hw.measured.tflops_fp32 * 1e12)
-        base = peaks.get("bf16") or peaks.get("fp16") or 1e12
+            peaks["fp32"] = hw.measured.tflops_fp32 * 1e12
+        base = peaks.get("bf16") or peaks.get("fp16") or peaks.get("fp32") or 1e12
         for dt in ("bf16", "fp16", "fp8", "int8", "fp4"):
             peaks.setdefault(dt, base)  # no faster path: runs at the bf16 rate
+        peaks.setdefault("fp32", base / 2)  # datasheets rarely list dense fp32 tensor rates
         bw = (hw.measured.bandwidth_gbs if hw.measured and hw.measured.bandwidth_gbs else hw.bandwidth_gbs) * 1e9
         link = (hw.interconnect or "").lower()
         ic = (hw.interconnect_gbs or (450.0 if "nvlink" in link else 32.0)) * 1e9
