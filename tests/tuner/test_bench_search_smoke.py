@@ -60,8 +60,11 @@ def test_tiny_grid_optimum_and_both_searches(bench, case):
     assert opt.grid_points == 4 + 2  # 2 x 2 with speculation, 2 dtypes without
     assert opt.value >= opt.grid_value > 0 and opt.value_no4bit == opt.value  # no 4-bit point in this grid
     assert case.scorer({**case.rule_space.defaults, **opt.params}) == opt.value
-    inside = bench.rule_space_best(case, opt, polish=polish, max_passes=1)
-    assert 0 < inside <= max(case.scorer.memo.values())
+    inside, at = bench.rule_space_best(case, opt, polish=polish, max_passes=1)
+    assert 0 < inside == case.scorer(at) <= max(case.scorer.memo.values())
+    assert all(at[k] == v for k, v in case.rule_space.fixed.items())
+    refined = bench.refine_optimum(case, opt, at, polish=polish, max_passes=1)
+    assert refined.value >= max(opt.value, inside) and refined.evaluations == case.scorer.calls
     for method in ("rules", "default"):
         curve = bench.search_curve(case, method, seed=0, n_trials=3)
         assert len(curve) == 3 and curve == sorted(curve)
