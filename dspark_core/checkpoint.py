@@ -161,6 +161,9 @@ def save_model(model: LeanModel, path: str | Path, dtype: str = "bf16", tokenize
             if eos:
                 tok_cfg["eos_token"] = "<|endoftext|>"
             (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+        os.chmod(tmp, 0o755)  # mkdtemp / save_file create owner-only modes; checkpoints are shared files
+        for f in tmp.iterdir():
+            os.chmod(f, 0o644)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
