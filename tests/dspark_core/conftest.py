@@ -9,6 +9,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+torch.set_num_threads(1)  # tiny matmuls: a second thread only spins against the other jobs on shared CI cores
 
 from dspark_core.arch import ArchConfig  # noqa: E402
 from dspark_core.config import ASSETS, EngineConfig  # noqa: E402
@@ -20,7 +21,6 @@ def tiny_target() -> LeanModel:
     """The committed reference target (fp32 on CPU)."""
     from dspark_core.checkpoint import load_model
 
-    torch.set_num_threads(2)
     return load_model(ASSETS / "target", "cpu", "fp32")
 
 

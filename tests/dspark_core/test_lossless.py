@@ -18,7 +18,7 @@ PROMPTS = [
     "    return self._",
     '"""Utilities for parsing.\n\nThis module',
 ]
-SP = SamplingParams(max_new_tokens=24, ignore_eos=False)
+SP = SamplingParams(max_new_tokens=20, ignore_eos=False)
 
 
 @pytest.fixture(scope="module")
