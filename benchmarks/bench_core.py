@@ -55,9 +55,9 @@ def main() -> None:
     ap.add_argument("--prompts", default="benchmarks/prompts/heldout_code.jsonl")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--block-size", type=int, default=5)
+    ap.add_argument("--block-size", type=int, default=3)
     ap.add_argument("--limit", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--methods", default="plain,hf_assisted,ar_draft,ngram")
     args = ap.parse_args()
     cmd = [sys.executable, "cli.py", "bench", "--prompts", args.prompts, "--max-new-tokens",
