@@ -126,10 +126,12 @@ def generate_cmd(
     prompts: Annotated[Path | None, typer.Option(help="JSONL prompt file instead of --prompt.")] = None,
     max_new_tokens: Annotated[int | None, typer.Option(min=1, help="Override sampling.max_new_tokens.")] = None,
     temperature: Annotated[float | None, typer.Option(min=0.0, help="Override sampling.temperature.")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch CPU threads (default: torch's).")] = None,
     config: ConfigOpt = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Run the engine on prompts with a dspark.yaml and print the outputs and stats."""
+    import torch
     from rich.console import Console
 
     from dspark_core.engine import Engine
@@ -140,6 +142,8 @@ def generate_cmd(
         texts += [r.prompt for r in load_prompts(prompts)]
     if not texts:
         raise DSparkError("no prompts; pass --prompt TEXT or --prompts FILE.jsonl")
+    if threads:
+        torch.set_num_threads(threads)
     cfg = _config(config)
     sp = cfg.sampling.model_copy(update={k: v for k, v in {"max_new_tokens": max_new_tokens,
                                                              "temperature": temperature}.items() if v is not None})
