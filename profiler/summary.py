@@ -20,7 +20,9 @@ def _n(x: float | None, unit: str = "") -> str:
 
 
 def _gb(x: float | None) -> str:
-    return "-" if x is None else f"{x / 1e9:.1f} GB"
+    if x is None:
+        return "-"
+    return f"{x / 1e9:.1f} GB" if x >= 1e9 else f"{x / 1e6:.1f} MB"
 
 
 def _kv(t: Table, k: str, v: str) -> None:
@@ -52,7 +54,7 @@ def verdict(p: Profile) -> list[str]:
         def tp(x: int | None) -> str:
             return "does not fit in 64 GPUs" if x is None else ("1 GPU" if x == 1 else f"TP={x}")
         wb = m.weight_bytes
-        out.append(f"Memory ({hw.memory_gb:g} GB/GPU, weights + KV of {d.decode_batch} requests): "
+        out.append(f"Memory ({hw.memory_gb:g} GB per device, weights + KV of {d.decode_batch} requests): "
                    f"bf16 {_gb(wb.bf16 if wb else None)} -> {tp(d.min_tp_bf16)}; "
                    f"fp8 {_gb(wb.fp8 if wb else None)} -> {tp(d.min_tp_fp8)}; "
                    f"int4 {_gb(wb.int4 if wb else None)} -> {tp(d.min_tp_int4)}.")

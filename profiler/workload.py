@@ -149,6 +149,9 @@ def measure_entropy(model_dir: Path, prompts: list[str], max_tokens: int = 256) 
     """Mean and p90 next-token entropy (nats) of the target over the prompts' tokens, teacher-forced."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress bar owns stderr
 
     encode = tokenizer_of(model_dir)  # a bare tokenizer.json first: no transformers tokenizer class needed
     if encode is None:

@@ -47,3 +47,19 @@ def test_entropy_runs_on_the_checkpoint(monkeypatch, ckpt):
     p = build.build_profile(str(folder), None, "code", entropy=True)
     assert p.workload.entropy is not None
     assert 0 < p.workload.entropy.mean <= math.log(vocab) + 1e-6
+
+
+def test_profile_tiny_reference_target_with_entropy(capsys):
+    """`--model tiny` is the committed reference target (dspark_core/assets/tiny/target)."""
+    from safetensors import safe_open
+
+    from profiler.workload import TINY_TARGET
+
+    assert cli.main(["profile", "--model", "tiny", "--workload", "code", "--entropy", "--no-store", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    with safe_open(str(TINY_TARGET / "model.safetensors"), "pt") as f:
+        numel = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    assert out["model"]["params_total"] == numel
+    vocab = out["model"]["vocab_size"]
+    ent = out["workload"]["entropy"]
+    assert 0 < ent["mean"] <= ent["p90"] <= math.log(vocab) + 1e-6
