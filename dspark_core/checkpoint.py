@@ -157,7 +157,8 @@ def save_model(model: LeanModel, path: str | Path, dtype: str = "bf16", tokenize
         if tokenizer_file is not None:
             shutil.copy(tokenizer_file, tmp / "tokenizer.json")
             eos = model.arch.eos_ids
-            tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": a_max(model)}
+            tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast",
+                       "model_max_length": model.arch.max_position_embeddings}
             if eos:
                 tok_cfg["eos_token"] = "<|endoftext|>"
             (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
@@ -171,8 +172,3 @@ def save_model(model: LeanModel, path: str | Path, dtype: str = "bf16", tokenize
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def a_max(model: LeanModel) -> int:
-    """Longest context of the model (tokenizer_config's model_max_length)."""
-    return model.arch.max_position_embeddings

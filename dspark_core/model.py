@@ -125,8 +125,7 @@ class DecoderLayer(nn.Module):
             kc[write] = k.to(kc.dtype)  # scatter the new keys at each request's positions
             vc[write] = v.to(vc.dtype)
             slots, lk = read
-            keys = kc[slots, :lk] if isinstance(slots, int) else kc[slots, :lk]  # [B?, Lk, nkv, hd]
-            vals = vc[slots, :lk] if isinstance(slots, int) else vc[slots, :lk]
+            keys, vals = kc[slots, :lk], vc[slots, :lk]  # [B, Lk, nkv, hd] (a view when one int slot)
             if isinstance(slots, int):
                 keys, vals = keys.unsqueeze(0), vals.unsqueeze(0)
             keys, vals = keys.to(q.dtype).transpose(1, 2), vals.to(q.dtype).transpose(1, 2)  # [B, nkv, Lk, hd]
