@@ -48,6 +48,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=Path, default=HERE / "prompts" / "heldout_code.jsonl")
     ap.add_argument("--target", type=Path, default=ASSETS / "target")
     ap.add_argument("--heads", nargs="+", default=["none", "markov", "rnn"])
+    ap.add_argument("--drafters", type=Path, default=ASSETS / "drafters", help="folder with one drafter per head")
     ap.add_argument("--prompt-len", type=int, default=48)
     ap.add_argument("--gen-len", type=int, default=96)
     ap.add_argument("--anchors", type=int, default=24)
@@ -63,7 +64,7 @@ def main() -> None:
                                  "anchors_per_seq": args.anchors, "drafters": {}}
     t0 = time.time()
     for head in args.heads:
-        folder = ASSETS / "drafters" / head
+        folder = args.drafters / head
         model = load_drafter(folder, target)
         rounds = simulate_greedy_rounds(model, target, tokens, args.prompt_len, anchors_per_seq=args.anchors, seed=1)
         labels = survival_labels(rounds.accepted, rounds.gamma)
