@@ -82,6 +82,10 @@ class DSparkDrafter(Drafter):
         lmax = max(lens)
         ctx = []
         for layer in range(len(self.model.layers)):
+            if len(rows) == 1:  # one request: its cached K/V as they are, no padded copy
+                k, v = self.ctx[requests[rows[0]].slot][layer]
+                ctx.append((k[None], v[None]))
+                continue
             k0 = self.ctx[requests[rows[0]].slot][layer][0]
             ks = k0.new_zeros(len(rows), lmax, *k0.shape[1:])
             vs = k0.new_zeros(len(rows), lmax, *k0.shape[1:])
