@@ -65,7 +65,9 @@ def main() -> None:
            "--block-size", str(args.block_size), "--threads", str(args.threads), "--json"]
     if args.limit:
         cmd += ["--limit", str(args.limit)]
+    load_before = os.getloadavg()[0]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    load = f"load average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after the run (shared cores)"
     if proc.returncode != 0:
         sys.exit(f"bench failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
     result = json.loads(proc.stdout)
@@ -78,7 +80,8 @@ def main() -> None:
         f"Measured {when} on {result['device']} ({platform.processor() or platform.machine()}), "
         f"{result['prompts']} held-out prompts (code from site-packages, never seen in training), "
         f"{result['max_new_tokens']} new tokens each, temperature {result['temperature']}, "
-        f"block size {result['block_size']}, {result['repeats']} interleaved repeats, one request at a time.\n\n"
+        f"block size {result['block_size']}, {result['repeats']} interleaved repeats, one request at a time; "
+        f"{load}.\n\n"
         f"Command: `python benchmarks/bench_core.py` which runs\n`{shown}`\n\n"
         f"{table(result)}\n\n"
         "tau = tokens committed per round including the target's own token; per-position acceptance = "
