@@ -35,6 +35,8 @@ class Output:
     token_ids: list[int]  # generated tokens (EOS excluded)
     text: str  # decoded generated text ("" when no tokenizer)
     finish_reason: str  # "stop" (EOS / stop token) or "length" (max_new_tokens)
+    ttft_s: float | None = None  # seconds from generate() start to this request's first token
+    latency_s: float | None = None  # seconds from generate() start to its last token
 
 
 @dataclass
@@ -56,6 +58,7 @@ class _Running:
     generator: torch.Generator | None  # per-request RNG
     out: list[int] = field(default_factory=list)  # generated tokens
     finish: str = ""  # finish reason once done
+    first_token_s: float | None = None  # seconds from generate() start to the first token
 
 
 class Engine:
@@ -87,6 +90,7 @@ class Engine:
         self.drafter = drafter
         self.scheduler = scheduler if scheduler is not None else build_scheduler(c, self.target)
         self.cache = self.target.new_cache(c.batch.max_requests, c.model.max_seq_len)
+        self._t0 = 0.0  # perf_counter() at the start of the current generate() call
 
     # -- public API -------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[str | list[int]], sampling: SamplingParams | None = None) -> Generation:
@@ -107,7 +111,7 @@ class Engine:
         queue = list(range(len(encoded) - 1, -1, -1))
         running: list[_Running] = []
         self._sync()
-        t0 = time.perf_counter()
+        t0 = self._t0 = time.perf_counter()
         while queue or running:
             if queue and free:
                 batch: list[tuple[int, list[int], int]] = []
@@ -173,6 +177,7 @@ class Engine:
             if self.drafter:
                 self.drafter.reset(slot, list(ids), out.hidden[j, : len(ids)] if out.hidden is not None else None)
             self._commit(req, [tok], sp, stop)
+            req.first_token_s = time.perf_counter() - self._t0
             reqs.append(req)
         return reqs
 
@@ -197,7 +202,8 @@ class Engine:
         free.append(req.slot)
         stats.generated_tokens += len(req.out)
         text = self.tokenizer.decode(req.out) if self.tokenizer else ""
-        return Output(prompt_tokens=req.prompt_len, token_ids=req.out, text=text, finish_reason=req.finish)
+        return Output(prompt_tokens=req.prompt_len, token_ids=req.out, text=text, finish_reason=req.finish,
+                      ttft_s=req.first_token_s, latency_s=time.perf_counter() - self._t0)
 
     def _round(self, running: list[_Running], sp: SamplingParams, stop: set[int], stats: GenStats) -> None:
         """One speculative round for every running request."""

@@ -1,0 +1,110 @@
+"""The measure objective: run the bundled engine on this device and record what really happened.
+
+The target is the profile's model when it is a runnable checkpoint folder here (a real Hugging Face
+checkpoint on a GPU machine), else the project's tiny reference target; prompts come from the
+workload's JSONL file, else from held-out code outside the standard library. One target is loaded
+once and shared by every trial; each trial builds an Engine with the trial's parameters.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from profiler.schema import Profile
+from tuner.errors import TunerError
+from tuner.objective import Evaluation, Evaluator
+
+HELDOUT_PROMPTS = Path(__file__).resolve().parent.parent / "benchmarks" / "prompts" / "heldout_code.jsonl"
+
+
+def _checkpoint(profile: Profile) -> Path:
+    from dspark_core.config import ASSETS
+
+    src = profile.model.source or ""
+    p = Path(src)
+    if p.is_file() and p.name == "config.json":
+        p = p.parent
+    if src and (p / "config.json").is_file() and any(p.glob("*.safetensors")):
+        return p
+    if profile.hw.arch == "cpu" or not src:
+        return ASSETS / "target"
+    raise TunerError(f"cannot measure {profile.model.name or src} here: no checkpoint folder; pass --mode simulate "
+                     "or --model PATH to a Hugging Face checkpoint folder")
+
+
+class MeasureEvaluator(Evaluator):
+    """Real runs of dspark_core.Engine: throughput, TTFT / TPOT percentiles, tau."""
+
+    mode = "measure"
+
+    def __init__(self, profile: Profile, n_prompts: int = 8, max_new_tokens: int = 48) -> None:
+        from dspark_core.checkpoint import load_model
+        from dspark_core.config import EngineConfig
+        from dspark_core.tokenizer import Tokenizer
+
+        self.profile = profile
+        self.path = _checkpoint(profile)
+        self.base = EngineConfig()
+        self.base.model.path = str(self.path)
+        self.target = load_model(self.path, self.base.device, self.base.weights.dtype)
+        self.tokenizer = Tokenizer.load(self.path, self.target.arch.eos_ids)
+        self.prompts = self._prompts(n_prompts)
+        self.max_new_tokens = max_new_tokens
+        self._sps: dict[int, Any] = {}
+
+    def _prompts(self, n: int) -> list[str]:
+        from dspark_core.prompts import load_prompts
+
+        wl = self.profile.workload.name or ""
+        path = Path(wl) if wl.endswith(".jsonl") and Path(wl).is_file() else HELDOUT_PROMPTS
+        if not path.is_file():
+            raise TunerError(f"no prompts to measure with: {path} is missing; pass --workload FILE.jsonl")
+        return [r.prompt for r in load_prompts(path, limit=n)]
+
+    def describe(self) -> str:
+        return f"measured with dspark_core on this device ({self.path.name}, {len(self.prompts)} prompts)"
+
+    def config(self, params: dict[str, Any]):  # -> EngineConfig
+        from dspark_core.config import apply_params
+
+        engine_params = {k: v for k, v in params.items() if not k.startswith(("parallel.", "memory."))}
+        cfg = apply_params(self.base, engine_params)
+        cfg.drafter.method = "dspark" if cfg.spec.enabled else "plain"
+        cfg.drafter.path = None
+        cfg.sampling.max_new_tokens = self.max_new_tokens
+        cfg.sampling.temperature = self.profile.workload.temperature or 0.0
+        return cfg
+
+    def evaluate(self, params: dict[str, Any], seed: int = 0) -> Evaluation:
+        from dspark_core.engine import Engine
+        from dspark_core.errors import DSparkError
+
+        try:
+            cfg = self.config(params)
+            cfg.sampling.seed = seed
+            engine = Engine(cfg, target=self.target, tokenizer=self.tokenizer)
+            gen = engine.generate(self.prompts, cfg.sampling)
+        except DSparkError as e:
+            return Evaluation({}, False, str(e))
+        st = gen.stats
+        ttft = [o.ttft_s * 1e3 for o in gen.outputs if getattr(o, "ttft_s", None) is not None]
+        tpot = [(o.latency_s - o.ttft_s) / max(1, len(o.token_ids) - 1) * 1e3 for o in gen.outputs
+                if getattr(o, "latency_s", None) is not None and len(o.token_ids) > 1]
+        metrics = {"throughput": st.tokens_per_s, "tau": st.tau,
+                   "ttft_p99_ms": float(np.percentile(ttft, 99)) if ttft else st.seconds * 1e3,
+                   "tpot_p99_ms": float(np.percentile(tpot, 99)) if tpot else
+                   st.seconds * 1e3 / max(1, st.generated_tokens / max(1, st.requests)),
+                   "verify_tokens_per_step": st.verify_tokens_per_step}
+        return Evaluation(metrics, True, extra={"position_acceptance": st.position_acceptance})
+
+    def sps_table(self, params: dict[str, Any]):
+        from dspark_core.verify_scheduler import profile_target_sps
+
+        gamma = int(params["spec.block_size"])
+        budget = min(int(params["batch.max_tokens"]), int(params["batch.max_requests"]) * (gamma + 1))
+        if budget not in self._sps:
+            self._sps[budget] = profile_target_sps(self.target, max(2, budget))
+        return self._sps[budget]
