@@ -66,9 +66,10 @@ def test_tiny_grid_optimum_and_both_searches(bench, case):
     refined = bench.refine_optimum(case, opt, at, polish=polish, max_passes=1)
     assert refined.value >= max(opt.value, inside) and refined.evaluations == case.scorer.calls
     for method in ("rules", "default"):
-        curve = bench.search_curve(case, method, seed=0, n_trials=3)
-        assert len(curve) == 3 and curve == sorted(curve)
-    stopped = bench.search_curve(case, "rules", seed=0, n_trials=5, stop_at=0.0)
+        curve, curve8 = bench.search_curve(case, method, seed=0, n_trials=3)
+        assert len(curve) == len(curve8) == 3 and curve == sorted(curve) and curve8 == sorted(curve8)
+        assert all(a >= b for a, b in zip(curve, curve8, strict=True))
+    stopped, _ = bench.search_curve(case, "rules", seed=0, n_trials=5, stop_at=0.0, stop_at_no4bit=0.0)
     assert len(stopped) == 1  # the warm start already reaches a target of 0
 
 
