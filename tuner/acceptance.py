@@ -58,8 +58,12 @@ class AcceptanceModel:
     decay: float  # alpha_{k+1} / alpha_k
     kappa: float  # Beta concentration of the latent survival probability (higher = less spread)
     source: str  # "measured: ..." or "prior: ..."
+    table: tuple[float, ...] = ()  # measured per-position conditional acceptance (overrides first/decay)
 
     def alphas(self, gamma: int) -> list[float]:
+        if self.table:
+            t = list(self.table)
+            return [min(0.999, t[k] if k < len(t) else t[-1] * self.decay ** (k - len(t) + 1)) for k in range(gamma)]
         return [min(0.999, self.first * self.decay**k) for k in range(gamma)]
 
     def tau(self, gamma: int) -> float:

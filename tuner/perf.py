@@ -28,6 +28,9 @@ class Efficiency:
     memory: float = 0.80  # achieved / datasheet bandwidth on streaming reads
     overhead_s: float = 2.5e-5  # per forward: launch, scheduling, sampling (with CUDA graphs)
     per_layer_s: float = 4.0e-6  # per decoder layer: kernel launches that graphs do not hide
+    round_s: float = 0.0  # per engine round (host-side scheduling, verification, bookkeeping); 0 on GPU priors
+    round_request_s: float = 0.0  # per running request and engine round (host-side per-request work)
+    draft_scale: float = 1.0  # measured / modelled drafter forward time (calibrated on a real drafter)
     source: str = "prior"  # "prior" or "calibrated: <how>"
 
     @staticmethod
@@ -169,7 +172,7 @@ class PerfModel:
             head_bytes = markov_rank * s.vocab * 2.0 * (2 if head == "rnn" else 1)
             t += gamma * self.eff.per_layer_s + max(head_flops / (peak * self.eff.compute),
                                                     head_bytes * gamma / (self.hw.bandwidth * self.eff.memory))
-        return t
+        return t * self.eff.draft_scale
 
     def sps(self, batch_tokens: int, context: float, requests: int | None = None) -> float:
         """Target steps per second at `batch_tokens` verify tokens (SGLang's SpsCostTable)."""

@@ -86,11 +86,28 @@ def _p(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else 0.0
 
 
+def offline_requests(lengths: list[tuple[int, int]]) -> list[Request]:
+    """An offline batch: every (prompt tokens, output tokens) request arrives at t = 0."""
+    return [Request(i, 0.0, int(p), int(o)) for i, (p, o) in enumerate(lengths)]
+
+
 def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: AcceptanceModel,
-             n_requests: int = 48, seed: int = 0) -> SimResult:
-    """Run the workload through the modelled engine with `params` (dotted names, defaults filled)."""
+             n_requests: int = 48, seed: int = 0, requests: list[tuple[int, int]] | None = None,
+             padded: bool = False) -> SimResult:
+    """Run the workload through the modelled engine with `params` (dotted names, defaults filled).
+
+    `requests`: an explicit offline list of (prompt, output) token counts, all arriving at t = 0,
+    instead of the profile's workload (the fidelity benchmark replays exactly the measured batch).
+    `padded`: model an engine that pads batched rows to the longest one (the bundled dspark_core
+    engine: prefill at the longest prompt, verify at the longest verify length, attention over the
+    longest context) and caps each request's block at its remaining tokens, as dspark_core does.
+    """
     rng = np.random.default_rng(seed)
-    reqs, closed = make_requests(profile, n_requests, rng)
+    if requests is not None:
+        reqs, closed = offline_requests(requests), 0
+    else:
+        reqs, closed = make_requests(profile, n_requests, rng)
+    round_s, round_req_s = perf.eff.round_s, perf.eff.round_request_s
     gamma = int(params["spec.block_size"])
     spec_on = bool(params["spec.enabled"]) and gamma > 0
     max_req = int(params["batch.max_requests"])
@@ -119,6 +136,7 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
     running: list[Request] = []
     done: list[Request] = []
     t, rounds, spec_rounds, gained_spec, verify_total = 0.0, 0, 0, 0, 0
+    host_rounds, host_req_rounds = 0, 0  # engine iterations (prefills + rounds) and their request count
     while len(done) < len(reqs):
         arrived = [r for r in pending if r.arrival <= t]
         if not running and not arrived:
@@ -139,22 +157,31 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
             pending.remove(r)
         if admitted:  # prefill first, chunked by the token budget
             total = sum(r.prompt for r in admitted)
+            if padded:
+                longest = max(r.prompt for r in admitted)
+                total = longest * len(admitted)
             while total > 0:
                 step = min(total, chunk)
-                t += perf.step(step, ctx0 / 2, len(admitted)).seconds
+                t += perf.step(step, (longest if padded else ctx0) / 2, len(admitted)).seconds
                 total -= step
+            t += round_s + round_req_s * len(admitted)
+            host_rounds, host_req_rounds = host_rounds + 1, host_req_rounds + len(admitted)
             for r in admitted:
                 r.first_token, r.generated = t, 1
             running += admitted
         live = [r for r in running if r.generated < r.output]
         if live:
-            ctx = float(np.mean([r.prompt + r.generated for r in live]))
+            ctx = float((max if padded else np.mean)([r.prompt + r.generated for r in live]))
             gains = [1] * len(live)
+            t += round_s + round_req_s * len(live)
+            host_rounds, host_req_rounds = host_rounds + 1, host_req_rounds + len(live)
             if spec_on:
                 gammas = [regulator.gamma_for(r.rid) for r in live]
+                if padded:
+                    gammas = [max(0, min(g, r.output - r.generated - 1)) for g, r in zip(gammas, live, strict=True)]
                 conf, acc = accept.draw(rng, len(live), gamma)
                 rows = [list(conf[i, :g]) for i, g in enumerate(gammas)]
-                lengths = [min(cap_verify, n) for n in scheduler.schedule(rows)]
+                lengths = [min(cap_verify, n, g) for n, g in zip(scheduler.schedule(rows), gammas, strict=True)]
                 while sum(lengths) + len(live) > max_tokens and max(lengths) > 0:
                     lengths[lengths.index(max(lengths))] -= 1
                 drafting = sum(1 for g in gammas if g > 0)
@@ -162,7 +189,7 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
                     t += perf.draft_step(drafting, gamma, ctx, int(params["spec.draft_layers"]),
                                          params["spec.head"], int(params["spec.markov_rank"]))
                 tokens = sum(lengths) + len(live)
-                t += perf.step(tokens, ctx, len(live)).seconds
+                t += perf.step(len(live) * (max(lengths) + 1) if padded else tokens, ctx, len(live)).seconds
                 verify_total += tokens
                 for i, (r, n) in enumerate(zip(live, lengths, strict=True)):
                     ok = 0
@@ -195,4 +222,5 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
         throughput=out_tokens / t / perf.tp, ttft_p99_ms=_p(ttfts, 99), tpot_p99_ms=_p(tpots, 99),
         tpot_mean_ms=float(np.mean(tpots)), tau=gained_spec / spec_rounds if spec_rounds else 1.0,
         verify_tokens_per_step=verify_total / max(1, rounds), requests=len(reqs),
-        extra={"makespan_s": t, "rounds": rounds, "acceptance_source": accept.source})
+        extra={"makespan_s": t, "rounds": rounds, "acceptance_source": accept.source, "host_rounds": host_rounds,
+               "host_request_rounds": host_req_rounds})
