@@ -93,7 +93,8 @@ class PrefixDecision:
     throughput: float  # Theta = tau* * SPS(B), expected tokens per second
 
 
-def prefix_schedule(rows: Confidences, sps: SpsTable, *, early_stop: bool = True) -> PrefixDecision:
+def prefix_schedule(rows: Confidences, sps: SpsTable, *, early_stop: bool = True, padded: bool = False,
+                    overhead_s: float = 0.0) -> PrefixDecision:
     """Hardware-aware prefix scheduler (DSpark Algorithm 1).
 
     Start with every request verifying only its anchor (B = R, tau* = R, Theta_best = R * SPS(R)), then
@@ -101,23 +102,34 @@ def prefix_schedule(rows: Confidences, sps: SpsTable, *, early_stop: bool = True
     Theta > Theta_best, else stop. With `early_stop=False` the walk continues past a non-improving step
     and returns the best prefix of the ranking (the retrospective search; not lossless, tests only).
     Batches above `sps.max_batch_tokens` are never built.
+
+    Engine adaptations (both keep every decision a function of the admitted prefix of the ranking, so the
+    early-stop version stays lossless): `padded` prices a batch as R * (max_r l_r + 1) tokens, for engines
+    that pad every request to the longest verify row (ours does); `overhead_s` adds a fixed per-round cost
+    (drafting, bookkeeping) to the target step, i.e. Theta = tau* / (1 / SPS(B) + overhead_s).
     """
     survival = prefix_survival(rows)
     n_req = len(survival)
     if n_req == 0:
         return PrefixDecision([], 0, 0.0, 0.0)
-    batch, tau = n_req, float(n_req)
-    best = tau * sps.lookup(batch)
-    best_tau, best_batch = tau, batch
+    def rate(b: int) -> float:
+        return 1.0 / (1.0 / sps.lookup(b) + overhead_s)
+
+    flat, longest = n_req, 0  # sum_r (1 + l_r), max_r l_r
+    tau = float(n_req)
+    best = tau * rate(n_req)
+    best_tau, best_batch = tau, n_req
     cur = [0] * n_req
     chosen = [0] * n_req
     for a, r, j in ranked_candidates(survival):
-        if batch + 1 > sps.max_batch_tokens:
+        new_longest = max(longest, j + 1)
+        batch = n_req * (new_longest + 1) if padded else flat + 1
+        if batch > sps.max_batch_tokens:
             break
         cur[r] = j + 1
-        batch += 1
+        flat, longest = flat + 1, new_longest
         tau += a
-        theta = tau * sps.lookup(batch)
+        theta = tau * rate(batch)
         if theta > best:
             best, best_tau, best_batch = theta, tau, batch
             chosen = list(cur)
@@ -178,10 +190,12 @@ class PrefixScheduler:
 
     sps: SpsTable  # profiled cost table
     name: str = "prefix"
+    padded: bool = False  # price a batch as R * (longest verify row + 1) tokens (padded engines)
+    overhead_s: float = 0.0  # fixed cost per round on top of the target step (seconds)
     last: PrefixDecision | None = None  # the latest decision, for stats
 
     def schedule(self, rows: Confidences) -> list[int]:
-        self.last = prefix_schedule(rows, self.sps, early_stop=True)
+        self.last = prefix_schedule(rows, self.sps, early_stop=True, padded=self.padded, overhead_s=self.overhead_s)
         return self.last.lengths
 
     def reset(self) -> None:
@@ -203,12 +217,15 @@ class AsyncTopKScheduler:
     sps: SpsTable  # profiled cost table
     lag: int = 2  # rounds between the confidences that size K and the round that uses K
     name: str = "async_topk"
+    padded: bool = False  # price a batch as R * (longest verify row + 1) tokens (padded engines)
+    overhead_s: float = 0.0  # fixed cost per round on top of the target step (seconds)
     history: deque[list[list[float]]] = field(default_factory=deque)  # past confidences, oldest first
     last_capacity: int | None = None  # K used in the latest round (None = warm-up round)
 
     def capacity_from(self, rows: Confidences) -> int:
         """K = draft tokens admitted by the unconstrained search on `rows`."""
-        return sum(prefix_schedule(rows, self.sps, early_stop=False).lengths)
+        return sum(prefix_schedule(rows, self.sps, early_stop=False, padded=self.padded,
+                                   overhead_s=self.overhead_s).lengths)
 
     def schedule(self, rows: Confidences) -> list[int]:
         current = [list(r) for r in rows]
@@ -218,7 +235,8 @@ class AsyncTopKScheduler:
             lengths = topk_lengths(current, k)
             self.last_capacity = k
         else:
-            lengths = prefix_schedule(current, self.sps, early_stop=True).lengths
+            lengths = prefix_schedule(current, self.sps, early_stop=True, padded=self.padded,
+                                      overhead_s=self.overhead_s).lengths
             self.last_capacity = None
         self.history.append(current)
         while len(self.history) > self.lag:

@@ -128,3 +128,16 @@ def test_make_scheduler_validates() -> None:
         make_scheduler("nope")
     with pytest.raises(ValueError, match="threshold"):
         make_scheduler("threshold", threshold=2.0)
+
+
+def test_padded_batches_and_round_overhead() -> None:
+    sps = SpsTable.from_probes([(1, 100.0), (2, 90.0), (4, 50.0), (6, 45.0)], 64)
+    rows = [[0.9, 0.9], [0.5]]
+    # flat pricing: B = 2 + admitted; padded: B = 2 * (longest + 1)
+    flat = prefix_schedule(rows, sps)
+    padded = prefix_schedule(rows, sps, padded=True)
+    assert padded.batch_tokens % 2 == 0 and padded.batch_tokens >= flat.batch_tokens
+    # a large fixed per-round cost makes every extra token nearly free: verify everything
+    heavy = prefix_schedule(rows, sps, overhead_s=1.0)
+    assert heavy.lengths == [2, 1]
+    assert heavy.throughput == pytest.approx((1 + 0.9 + 0.81 + 1 + 0.5) / (1 / 45.0 + 1.0))
