@@ -136,7 +136,8 @@ def test_padded_batches_and_round_overhead() -> None:
     # flat pricing: B = 2 + admitted; padded: B = 2 * (longest + 1)
     flat = prefix_schedule(rows, sps)
     padded = prefix_schedule(rows, sps, padded=True)
-    assert padded.batch_tokens % 2 == 0 and padded.batch_tokens >= flat.batch_tokens
+    assert flat.lengths == [1, 0] and flat.batch_tokens == 3  # 2.9 * SPS(3) = 261 > 2 * SPS(2) = 180
+    assert padded.lengths == [0, 0] and padded.batch_tokens == 2  # padded, that token costs B = 4: 145 < 180
     # a large fixed per-round cost makes every extra token nearly free: verify everything
     heavy = prefix_schedule(rows, sps, overhead_s=1.0)
     assert heavy.lengths == [2, 1]
