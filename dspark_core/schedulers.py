@@ -103,10 +103,13 @@ def prefix_schedule(rows: Confidences, sps: SpsTable, *, early_stop: bool = True
     and returns the best prefix of the ranking (the retrospective search; not lossless, tests only).
     Batches above `sps.max_batch_tokens` are never built.
 
-    Engine adaptations (both keep every decision a function of the admitted prefix of the ranking, so the
-    early-stop version stays lossless): `padded` prices a batch as R * (max_r l_r + 1) tokens, for engines
-    that pad every request to the longest verify row (ours does); `overhead_s` adds a fixed per-round cost
-    (drafting, bookkeeping) to the target step, i.e. Theta = tau* / (1 / SPS(B) + overhead_s).
+    Engine adaptations: `overhead_s` adds a fixed per-round cost (drafting, bookkeeping) to the target
+    step, Theta = tau* / (1 / SPS(B) + overhead_s). `padded` is for engines that pad every request to the
+    longest verify row (ours does): a batch costs R * (depth + 1) tokens, so the candidates are whole
+    depths t = 1, 2, ... (every request verifies min(t, n_r) tokens; the padding makes the shallower
+    tokens free), admitted in order with the same early stop. Depth t's admission reads a_{r,t}, which
+    depends on x_{r,t-1} only, and the stop happens before any deeper survival is read, so it stays
+    non-anticipating (lossless).
     """
     survival = prefix_survival(rows)
     n_req = len(survival)
@@ -114,6 +117,9 @@ def prefix_schedule(rows: Confidences, sps: SpsTable, *, early_stop: bool = True
         return PrefixDecision([], 0, 0.0, 0.0)
     def rate(b: int) -> float:
         return 1.0 / (1.0 / sps.lookup(b) + overhead_s)
+
+    if padded:
+        return _padded_depths(survival, sps, rate, early_stop)
 
     flat, longest = n_req, 0  # sum_r (1 + l_r), max_r l_r
     tau = float(n_req)
@@ -136,6 +142,26 @@ def prefix_schedule(rows: Confidences, sps: SpsTable, *, early_stop: bool = True
         elif early_stop:
             break
     return PrefixDecision(chosen, best_batch, best_tau, best)
+
+
+def _padded_depths(survival: list[list[float]], sps: SpsTable, rate: object, early_stop: bool) -> PrefixDecision:
+    """Algorithm 1 over whole depths for a padded verify batch (see `prefix_schedule`)."""
+    n_req = len(survival)
+    tau = float(n_req)
+    best = tau * rate(n_req)  # type: ignore[operator]
+    best_t, best_tau = 0, tau
+    for t in range(1, max((len(r) for r in survival), default=0) + 1):
+        batch = n_req * (t + 1)
+        if batch > sps.max_batch_tokens:
+            break
+        tau += sum(row[t - 1] for row in survival if len(row) >= t)
+        theta = tau * rate(batch)  # type: ignore[operator]
+        if theta > best:
+            best, best_t, best_tau = theta, t, tau
+        elif early_stop:
+            break
+    lengths = [min(best_t, len(row)) for row in survival]
+    return PrefixDecision(lengths, n_req * (best_t + 1), best_tau, best)
 
 
 def topk_lengths(rows: Confidences, k: int) -> list[int]:

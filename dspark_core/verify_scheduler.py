@@ -111,7 +111,8 @@ def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTabl
                                          fallback_floor=spec.fallback_acceptance))
     if sps is None and spec.scheduler in ("prefix", "async_topk"):
         max_tokens = config.batch.max_requests * (min(spec.block_size, spec.max_verify_tokens) + 1)
-        sps = SpsTable.load(spec.sps_path) if spec.sps_path else profile_target_sps(target, max_tokens)
+        sps = SpsTable.load(spec.sps_path) if spec.sps_path else \
+            profile_target_sps(target, max_tokens, rows=config.batch.max_requests)
     policy = make_scheduler(spec.scheduler, sps=sps, threshold=spec.confidence_threshold)
     if hasattr(policy, "padded"):
         policy.padded = True  # type: ignore[attr-defined]  # the round loop pads every row to the longest
