@@ -12,7 +12,7 @@
 3. Report MAPE and Spearman's rho, a per-config table, and write the calibration constants to
    benchmarks/results/fidelity.json (tests/tuner/test_fidelity.py re-checks the ranking with them).
 
-Run: python benchmarks/bench_fidelity.py [--prompts 8] [--max-new 32] [--repeats 3]
+Run: python benchmarks/bench_fidelity.py [--prompts 8] [--max-new 32] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ def mape(pred: list[float], meas: list[float]) -> float:
 
 def available_heads() -> list[str]:
     from dspark_core.config import ASSETS
+    from dspark_core.drafter import CONFIG_FILE
 
-    return [h for h in HEADS if (ASSETS / "drafters" / h / "config.json").is_file()]
+    return [h for h in HEADS if (ASSETS / "drafters" / h / CONFIG_FILE).is_file()]
 
 
 class Bench:
@@ -149,7 +150,7 @@ def calibration_configs(b: Bench) -> list[dict[str, Any]]:
     """Disjoint from the evaluation configurations (and run on the calibration prompts)."""
     cfgs = [b.params(batch__max_requests=1), b.params(batch__max_requests=3), b.params(batch__max_requests=8)]
     for head in b.heads or ["markov"]:
-        for mr in (1, 3):
+        for mr in (1, 5):
             cfgs.append(b.params(spec__enabled=True, spec__head=head, spec__block_size=8,
                                  spec__scheduler="verify_all", batch__max_requests=mr))
     return cfgs
@@ -167,10 +168,10 @@ def calibrate(b: Bench, runs: list[tuple[dict[str, Any], dict]]) -> dict[str, An
     forwards = [s for _, r in runs for s in r["forwards"]]
     eff, err = fit_efficiency(forwards, b.shape, b.hw, "fp32", "fp32", unbiased=True)
     perf = perf_model(b, eff)
-    meas_draft = sum(d[3] for _, r in runs for d in r["drafts"])
-    model_draft = sum(perf.draft_step(int(d[0]), int(d[1]), d[2], int(p["spec.draft_layers"]), p["spec.head"],
-                                      int(p["spec.markov_rank"])) for p, r in runs for d in r["drafts"])
-    draft_scale = meas_draft / model_draft if model_draft > 0 else 1.0
+    # drafter calls: measured seconds ~ draft_scale * (cost from the drafter's size) + draft_request_s * rows
+    draft_rows = [(d[3], perf.draft_step(int(d[0]), int(d[1]), d[2], int(p["spec.draft_layers"]), p["spec.head"],
+                                         int(p["spec.markov_rank"])), d[0]) for p, r in runs for d in r["drafts"]]
+    draft_scale, draft_request_s = fit_round_overhead(draft_rows) if draft_rows else (1.0, 0.0)
     acceptance: dict[str, Any] = {}
     for p, r in runs:
         if not p["spec.enabled"]:
@@ -189,7 +190,8 @@ def calibrate(b: Bench, runs: list[tuple[dict[str, Any], dict]]) -> dict[str, An
         table = [ok / n if n else 0.0 for ok, n in zip(acc["ok"], acc["att"], strict=True)]
         acceptance[key] = {"table": [round(x, 4) for x in table], "kappa": round(beta_concentration(acc["conf"]), 3),
                            "source": f"measured: {key} drafter on {len(b.calib_prompts)} calibration prompts"}
-    calib = {"efficiency": {**asdict(replace(eff, draft_scale=draft_scale))}, "heads": b.heads,
+    calib = {"efficiency": {**asdict(replace(eff, draft_scale=draft_scale, draft_request_s=draft_request_s))},
+             "heads": b.heads,
              "acceptance": acceptance, "forward_fit_error": err, "calibration_runs": len(runs),
              "forward_samples": len(forwards)}
     # host overhead: what the modelled forwards and drafts do not explain, per engine iteration / request
@@ -230,7 +232,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=8, help="evaluation prompts (and as many calibration prompts)")
     ap.add_argument("--max-new", type=int, default=32, help="max_new_tokens per request (ignore_eos)")
-    ap.add_argument("--repeats", type=int, default=3, help="measured repeats per config (interleaved; median)")
+    ap.add_argument("--repeats", type=int, default=5, help="measured repeats per config (interleaved; median)")
     ap.add_argument("--out", type=Path, default=OUT, help="JSON with calibration constants and the table")
     args = ap.parse_args()
     t_start = time.time()
@@ -240,24 +242,32 @@ def main() -> None:
     lengths = b.lengths(b.eval_prompts)
     measured: list[list[float]] = [[] for _ in cfgs]
     taus: list[float] = [0.0] * len(cfgs)
-    calib_runs = []
+    predicted: list[list[float]] = [[] for _ in cfgs]
+    tau_pred: list[float] = [0.0] * len(cfgs)
+    calibs = []
     for rep in range(args.repeats):
-        # calibration runs are interleaved with the evaluation runs so that both see the same load on
-        # the shared cores; they use other configurations and other prompts
-        calib_runs += calibration_runs(b)
+        # each repeat calibrates on its own runs, interleaved with its evaluation runs, so that both see
+        # the same load on the shared cores (it drifts by tens of percent over minutes); calibration
+        # uses other configurations and other prompts than the evaluation
+        calib = calibrate(b, calibration_runs(b))
+        calibs.append(calib)
         order = list(range(len(cfgs))) if rep % 2 == 0 else list(reversed(range(len(cfgs))))
         for i in order:
             r = b.run(cfgs[i], b.eval_prompts)
             measured[i].append(r["tps"])
             taus[i] = r["stats"].tau
-        print(f"  repeat {rep + 1}/{args.repeats} done ({time.time() - t_start:.0f} s)")
-    calib = calibrate(b, calib_runs)
-    print(json.dumps(calib["efficiency"], indent=1))
+        for i, p in enumerate(cfgs):
+            pr = predict(b, p, calib, lengths)
+            predicted[i].append(pr["throughput"])
+            tau_pred[i] = pr["tau"]
+        print(f"  repeat {rep + 1}/{args.repeats} done ({time.time() - t_start:.0f} s); "
+              f"efficiency {json.dumps({k: round(v, 6) for k, v in calib['efficiency'].items() if k != 'source'})}")
+    calib = calibs[-1]
     rows = []
     for i, p in enumerate(cfgs):
-        pr = predict(b, p, calib, lengths)
         rows.append({"config": label(p), "measured": statistics.median(measured[i]), "measured_all": measured[i],
-                     "predicted": pr["throughput"], "tau_measured": taus[i], "tau_predicted": pr["tau"]})
+                     "predicted": statistics.median(predicted[i]), "predicted_all": predicted[i],
+                     "tau_measured": taus[i], "tau_predicted": tau_pred[i]})
     meas = [r["measured"] for r in rows]
     pred = [r["predicted"] for r in rows]
     summary = {"configs": len(rows), "mape": mape(pred, meas), "spearman": spearman(pred, meas),
@@ -273,7 +283,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=args.out.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
-        json.dump({"calibration": calib, "summary": summary, "rows": rows}, f, indent=1)
+        json.dump({"calibration": calib, "calibrations": [c["efficiency"] for c in calibs], "summary": summary,
+                   "rows": rows}, f, indent=1)
     os.replace(tmp, args.out)
 
 

@@ -31,6 +31,7 @@ class Efficiency:
     round_s: float = 0.0  # per engine round (host-side scheduling, verification, bookkeeping); 0 on GPU priors
     round_request_s: float = 0.0  # per running request and engine round (host-side per-request work)
     draft_scale: float = 1.0  # measured / modelled drafter forward time (calibrated on a real drafter)
+    draft_request_s: float = 0.0  # per drafting request and drafter call: host-side per-request drafter work
     source: str = "prior"  # "prior" or "calibrated: <how>"
 
     @staticmethod
@@ -172,7 +173,7 @@ class PerfModel:
             head_bytes = markov_rank * s.vocab * 2.0 * (2 if head == "rnn" else 1)
             t += gamma * self.eff.per_layer_s + max(head_flops / (peak * self.eff.compute),
                                                     head_bytes * gamma / (self.hw.bandwidth * self.eff.memory))
-        return t * self.eff.draft_scale
+        return t * self.eff.draft_scale + self.eff.draft_request_s * requests
 
     def sps(self, batch_tokens: int, context: float, requests: int | None = None) -> float:
         """Target steps per second at `batch_tokens` verify tokens (SGLang's SpsCostTable)."""
