@@ -131,6 +131,7 @@ class EngineConfig(_Section):
     parallel: ParallelSection = Field(default_factory=ParallelSection)  # parallelism (parallel.*)
     moe: MoESection = Field(default_factory=MoESection)  # mixture of experts (moe.*)
     kernel: dict[str, dict[str, int]] = Field(default_factory=dict)  # kernel.<name>.<knob> Triton configs
+    kernel_file: str | None = None  # kernels.json of tune-kernels winners (relative to dspark.yaml)
     fusion: dict[str, bool] = Field(default_factory=dict)  # fusion.<pattern>: fuse this operator pattern
     sampling: SamplingParams = Field(default_factory=SamplingParams)  # default sampling of `generate`
 
@@ -180,7 +181,14 @@ def load_config(path: str | os.PathLike[str]) -> EngineConfig:
         raise DSparkError(f"engine config {p}{line} is not valid YAML; fix the syntax") from None
     if data is not None and not isinstance(data, dict):
         raise DSparkError(f"engine config {p} must be a YAML mapping of sections (spec:, batch:, ...)")
-    return _validate(data, str(p))
+    config = _validate(data, str(p))
+    # files a bundle ships beside dspark.yaml are named relative to it
+    for section, key in (("spec", "sps_path"), ("spec", "sts_path"), (None, "kernel_file")):
+        owner = getattr(config, section) if section else config
+        value = getattr(owner, key)
+        if value and not Path(value).is_absolute():
+            setattr(owner, key, str(p.parent / value))
+    return config
 
 
 def save_config(config: EngineConfig, path: str | os.PathLike[str]) -> Path:

@@ -89,6 +89,7 @@ class Engine:
             drafter = build_drafter(c.drafter.method, c, self.target)
         self.drafter = drafter
         self.scheduler = scheduler if scheduler is not None else build_scheduler(c, self.target)
+        _install_kernel_configs(c, self.target.device)
         self.cache = self.target.new_cache(c.batch.max_requests, c.model.max_seq_len)
         self._t0 = 0.0  # perf_counter() at the start of the current generate() call
 
@@ -255,6 +256,19 @@ class Engine:
         if self.drafter:
             self.drafter.update(results)
         self.scheduler.observe(results)
+
+
+def _install_kernel_configs(config: EngineConfig, device: torch.device) -> None:
+    """Triton configs: the config's `kernel.<name>.<knob>`, then a bundle's kernels.json for this GPU."""
+    from dspark_core.kernels import spec as kspec
+
+    if config.kernel:
+        kspec.load_engine_params(config.kernel)
+    if config.kernel_file:
+        try:
+            kspec.load_tuned_file(config.kernel_file, device)
+        except ValueError as e:
+            raise DSparkError(str(e)) from None
 
 
 def build_scheduler(config: EngineConfig, target: LeanModel) -> VerifyScheduler:

@@ -21,6 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark_core.arch import ArchConfig
+from dspark_core.kernels.rmsnorm import rmsnorm as rmsnorm_kernel
+from dspark_core.kernels.spec import use_triton
+from dspark_core.kernels.swiglu import swiglu as swiglu_kernel
 
 
 class RMSNorm(nn.Module):
@@ -32,6 +35,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_triton(x):  # CUDA (or forced): the fused Triton kernel, tuned config per shape bucket
+            return rmsnorm_kernel(x, self.weight, self.eps)[0]
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -139,7 +144,8 @@ class DecoderLayer(nn.Module):
             )
         x = x + self.o(attn.transpose(1, 2).reshape(b, t, self.nh * self.hd))
         gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        act = swiglu_kernel(gate, up) if use_triton(gate) else F.silu(gate) * up
+        return x + self.down(act)
 
 
 @dataclass

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from dspark_core.kernels.spec import use_triton
+from dspark_core.kernels.verify import verify as verify_kernel
+
 
 def verify_greedy(target_logits: torch.Tensor, draft: torch.Tensor) -> tuple[int, int]:
     """target_logits [n + 1, V], draft [n] -> (accepted draft tokens k, the target's token after them)."""
@@ -27,8 +30,12 @@ def verify_greedy(target_logits: torch.Tensor, draft: torch.Tensor) -> tuple[int
 
 def verify_greedy_batch(target_logits: torch.Tensor, draft: torch.Tensor, num: list[int]) -> list[tuple[int, int]]:
     """target_logits [B, T, V], draft [B, T - 1] (row b valid up to num[b]) -> [(k, token)] per row."""
+    t = target_logits.shape[1]
+    if t > 1 and use_triton(target_logits):  # one launch, no host sync inside (kernels/verify.py)
+        res = verify_kernel(draft[:, : t - 1].to(target_logits.device), target_logits, greedy=True,
+                            num_verify=torch.tensor(num, device=target_logits.device))
+        return list(zip(res.accept_len.tolist(), res.next_token.tolist(), strict=True))
     best = target_logits.argmax(-1)  # [B, T]
-    t = best.shape[1]
     if t == 1:
         return [(0, int(x)) for x in best[:, 0].tolist()]
     valid = torch.arange(t - 1)[None, :] < torch.tensor(num)[:, None]  # [B, T-1]

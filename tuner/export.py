@@ -91,6 +91,8 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
     try:
         config = apply_params(_base_config(spec), params)
         config.spec.sps_path, config.spec.sts_path = "sps.json", "sts.json"
+        if _write_kernels(tmp, db_url, profile.hw.name):
+            config.kernel_file = "kernels.json"
         cfg_path = tmp / "dspark.yaml"
         save_config(config, cfg_path)
         common = {"study": name, "trial_number": trial.number, "mode": evaluator.mode,
@@ -111,7 +113,6 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
         (tmp / "vllm.sh").write_text(env.get_template(VLLM_TEMPLATES[1]).render(**common, **vctx))
         for f in ("sglang.sh", "vllm.sh"):
             (tmp / f).chmod(0o755)
-        _write_kernels(tmp, db_url, profile.hw.name)
         from tuner.report import write_report
 
         write_report(tmp, env.get_template(REPORT_TEMPLATE), study, spec, trial, best is not None, params, space,
@@ -132,16 +133,18 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
     return ExportResult(out, files, trial.number, best is not None, metrics, params, evaluator.mode)
 
 
-def _write_kernels(folder: Path, db_url: str, gpu: str | None) -> None:
+def _write_kernels(folder: Path, db_url: str, gpu: str | None) -> bool:
     """kernels.json: the Triton configs `tune-kernels` stored for this GPU (read by the engine)."""
     if not gpu:
-        return
+        return False
     from kb.db import open_db
     from tuner.kernels import kernels_json, lookup_kernel_configs
 
     db = open_db(db_url)
-    if lookup_kernel_configs(db, gpu):
-        (folder / "kernels.json").write_text(json.dumps(kernels_json(db, gpu), indent=2) + "\n")
+    if not lookup_kernel_configs(db, gpu):
+        return False
+    (folder / "kernels.json").write_text(json.dumps(kernels_json(db, gpu), indent=2) + "\n")
+    return True
 
 
 def _base_config(spec: StudySpec):  # -> EngineConfig

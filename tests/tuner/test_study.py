@@ -146,3 +146,6 @@ def test_bundle_carries_tuned_kernel_configs(tmp_path):
     assert "kernels.json" in export_study(url, "kc", out).files
     data = json.loads((out / "kernels.json").read_text())
     assert data["configs"]["rmsnorm"]["H4096"]["BLOCK"] == 1024
+    from dspark_core.config import load_config
+
+    assert load_config(out / "dspark.yaml").kernel_file == str(out / "kernels.json")
