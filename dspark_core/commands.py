@@ -1,11 +1,10 @@
-"""Engine commands: `build-tiny`, `bench`, `generate` (+ part 2's `train-drafter` / `calibrate` when present).
+"""Engine commands: `build-tiny`, `bench`, `generate` (part 2's are in commands_dspark.py).
 
 Heavy libraries (torch, transformers) are imported inside the commands, so `--help` stays fast.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -165,16 +164,7 @@ def generate_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    """Add the engine commands to the root app (and part 2's, from modules that define `register`)."""
+    """Add the engine commands to the root app (part 2's live in dspark_core.commands_dspark)."""
     app.command("build-tiny")(build_tiny_cmd)
     app.command("bench")(bench_cmd)
     app.command("generate")(generate_cmd)
-    for module in ("dspark_core.train", "dspark_core.calibrate"):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            continue
-        if hasattr(mod, "register"):
-            mod.register(app)
