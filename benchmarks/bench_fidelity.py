@@ -6,9 +6,14 @@
    overhead); drafter calls -> `draft_scale` (measured / modelled draft cost from its size); the rest
    of each run's wall time -> the engine's host overhead per round and per request-round; each
    drafter's per-position acceptance and confidence spread -> its AcceptanceModel.
+   Each repeat calibrates afresh, interleaved with its evaluation runs (the load on the shared cores
+   drifts by tens of percent within minutes).
 2. Evaluate: each configuration runs the real engine (`repeats` times, interleaved; median) on the
    evaluation prompts, and `simulate` replays exactly that offline batch (same prompt lengths,
-   max_new_tokens, ignore_eos) with the calibrated model (mean over seeds).
+   max_new_tokens, ignore_eos) with the calibrated model (mean over seeds). Load tracking (`--probe`,
+   default on): a calibration probe (plain, 8 slots, calibration prompts) runs before and after each
+   evaluation run; the prediction is scaled by the probe's speed there relative to its median over
+   the repeat. Figures without the probe are reported too.
 3. Report MAPE and Spearman's rho, a per-config table, and write the calibration constants to
    benchmarks/results/fidelity.json (tests/tuner/test_fidelity.py re-checks the ranking with them).
 
@@ -146,6 +151,11 @@ def predict(b: Bench, params: dict[str, Any], calib: dict[str, Any], lengths: li
             "makespan_s": float(np.mean([r.extra["makespan_s"] for r in runs]))}
 
 
+def PROBE(b: Bench) -> dict[str, Any]:  # noqa: N802 - a constant configuration
+    """The load-tracking probe: a calibration configuration (plain, 8 slots) on the calibration prompts."""
+    return b.params(batch__max_requests=8)
+
+
 def calibration_configs(b: Bench) -> list[dict[str, Any]]:
     """Disjoint from the evaluation configurations (and run on the calibration prompts)."""
     cfgs = [b.params(batch__max_requests=1), b.params(batch__max_requests=3), b.params(batch__max_requests=8)]
@@ -233,6 +243,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8, help="evaluation prompts (and as many calibration prompts)")
     ap.add_argument("--max-new", type=int, default=32, help="max_new_tokens per request (ignore_eos)")
     ap.add_argument("--repeats", type=int, default=5, help="measured repeats per config (interleaved; median)")
+    ap.add_argument("--probe", action=argparse.BooleanOptionalAction, default=True,
+                    help="scale predictions by a calibration probe run beside each evaluation run (load tracking)")
     ap.add_argument("--out", type=Path, default=OUT, help="JSON with calibration constants and the table")
     args = ap.parse_args()
     t_start = time.time()
@@ -243,6 +255,7 @@ def main() -> None:
     measured: list[list[float]] = [[] for _ in cfgs]
     taus: list[float] = [0.0] * len(cfgs)
     predicted: list[list[float]] = [[] for _ in cfgs]
+    raw: list[list[float]] = [[] for _ in cfgs]  # without the load-tracking probe
     tau_pred: list[float] = [0.0] * len(cfgs)
     calibs = []
     for rep in range(args.repeats):
@@ -252,13 +265,21 @@ def main() -> None:
         calib = calibrate(b, calibration_runs(b))
         calibs.append(calib)
         order = list(range(len(cfgs))) if rep % 2 == 0 else list(reversed(range(len(cfgs))))
+        probes = []
         for i in order:
+            probes.append(b.run(PROBE(b), b.calib_prompts)["tps"])
             r = b.run(cfgs[i], b.eval_prompts)
             measured[i].append(r["tps"])
             taus[i] = r["stats"].tau
-        for i, p in enumerate(cfgs):
-            pr = predict(b, p, calib, lengths)
-            predicted[i].append(pr["throughput"])
+        probes.append(b.run(PROBE(b), b.calib_prompts)["tps"])
+        typical = statistics.median(probes)
+        for k, i in enumerate(order):
+            pr = predict(b, cfgs[i], calib, lengths)
+            # load tracking: the probe's speed just before and after this run, relative to its median over
+            # the repeat (the repeat's calibration already sets the level; this follows drift within it)
+            speed = float(np.sqrt(probes[k] * probes[k + 1])) / typical if args.probe else 1.0
+            predicted[i].append(pr["throughput"] * speed)
+            raw[i].append(pr["throughput"])
             tau_pred[i] = pr["tau"]
         print(f"  repeat {rep + 1}/{args.repeats} done ({time.time() - t_start:.0f} s); "
               f"efficiency {json.dumps({k: round(v, 6) for k, v in calib['efficiency'].items() if k != 'source'})}")
@@ -267,10 +288,13 @@ def main() -> None:
     for i, p in enumerate(cfgs):
         rows.append({"config": label(p), "measured": statistics.median(measured[i]), "measured_all": measured[i],
                      "predicted": statistics.median(predicted[i]), "predicted_all": predicted[i],
+                     "predicted_no_probe": statistics.median(raw[i]),
                      "tau_measured": taus[i], "tau_predicted": tau_pred[i]})
     meas = [r["measured"] for r in rows]
     pred = [r["predicted"] for r in rows]
+    raw_pred = [r["predicted_no_probe"] for r in rows]
     summary = {"configs": len(rows), "mape": mape(pred, meas), "spearman": spearman(pred, meas),
+               "mape_no_probe": mape(raw_pred, meas), "spearman_no_probe": spearman(raw_pred, meas),
                "seconds": time.time() - t_start, "load_average": os.getloadavg()[0],
                "prompts": args.prompts, "max_new_tokens": args.max_new, "repeats": args.repeats}
     print("\n| config | measured tok/s | predicted tok/s | error | tau meas | tau pred |\n|---|---|---|---|---|---|")
@@ -279,7 +303,8 @@ def main() -> None:
         print(f"| {r['config']} | {r['measured']:.0f} | {r['predicted']:.0f} | {err:+.0%} | "
               f"{r['tau_measured']:.2f} | {r['tau_predicted']:.2f} |")
     print(f"\nMAPE {summary['mape']:.1%}, Spearman {summary['spearman']:.3f} over {len(rows)} configs "
-          f"({summary['seconds']:.0f} s, load {summary['load_average']:.2f})")
+          f"({summary['seconds']:.0f} s, load {summary['load_average']:.2f}); without the load probe: MAPE "
+          f"{summary['mape_no_probe']:.1%}, Spearman {summary['spearman_no_probe']:.3f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=args.out.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
