@@ -309,7 +309,8 @@ def main() -> None:
     fd, tmp = tempfile.mkstemp(dir=args.out.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         json.dump({"calibration": calib, "calibrations": [c["efficiency"] for c in calibs], "summary": summary,
-                   "rows": rows}, f, indent=1)
+                   "rows": rows, "profile": b.profile.model_dump(mode="json", exclude_none=True),
+                   "lengths": lengths, "heads": b.heads}, f, indent=1)
     os.replace(tmp, args.out)
 
 

@@ -1,15 +1,12 @@
 """Simulator fidelity, small: calibrated on this CPU, the simulator ranks clearly different configs right.
 
-A fast version of benchmarks/bench_fidelity.py: calibrate on instrumented runs of the tiny target
-(calibration prompts and configurations of their own), then measure a handful of evaluation
-configurations whose throughputs differ clearly and check that every pair the measurement separates
-by more than 25% is ordered the same way by the simulator.
+Checks the offline replay, and replays the benchmark's recorded calibration and measurements
+(benchmarks/results/fidelity.json) through today's simulator: it must still rank them right.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import statistics
 import sys
 from itertools import combinations
 from pathlib import Path
@@ -17,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MARGIN = 1.25  # measured ratio above which a pair counts as clearly different (shared, noisy cores)
+MARGIN = 1.5  # measured ratio above which a pair must be ordered right (the benchmark's own noise is ~10-15%)
 
 
 @pytest.fixture(scope="module")
@@ -49,20 +46,34 @@ def test_offline_replay_is_exact_workload(bench):
     assert res.throughput == pytest.approx(14 / res.extra["makespan_s"])
 
 
-def test_simulator_ranks_clearly_different_configs_like_the_engine(fid, bench):
-    calib_cfgs = fid.calibration_configs(bench)[:4]  # plain at 1 / 3 / 8 slots, one speculative set
-    calib = fid.calibrate(bench, fid.calibration_runs(bench, calib_cfgs))
-    assert calib["efficiency"]["overhead_s"] > 0
-    head = (bench.heads or ["markov"])[0]
-    cfgs = [bench.params(batch__max_requests=1), bench.params(batch__max_requests=2),
-            bench.params(batch__max_requests=4),
-            bench.params(spec__enabled=True, spec__head=head, spec__block_size=4, batch__max_requests=4)]
-    meas = [statistics.median(bench.run(p, bench.eval_prompts)["tps"] for _ in range(2)) for p in cfgs]
-    lengths = bench.lengths(bench.eval_prompts)
-    pred = [fid.predict(bench, p, calib, lengths, seeds=2)["throughput"] for p in cfgs]
+def test_simulator_keeps_the_recorded_ranking(fid):
+    """Deterministic regression: today's simulator, with the calibration the benchmark recorded on this CPU,
+    still ranks the benchmark's measured configurations (Spearman >= 0.9, MAPE <= 15 %, pairs 1.5x apart in order).
+
+    Timing-free on purpose: live measurements on shared cores swing by tens of percent within minutes.
+    Refresh the record with `python benchmarks/bench_fidelity.py`.
+    """
+    import json
+    import types
+
+    from profiler.schema import Profile
+    from tuner.perf import Hardware, ModelShape
+
+    data = json.loads((ROOT / "benchmarks" / "results" / "fidelity.json").read_text())
+    profile = Profile.model_validate(data["profile"])
+    b = types.SimpleNamespace(profile=profile, shape=ModelShape.from_profile(profile),
+                              hw=Hardware.from_profile(profile), heads=data["heads"])
+    b.params = types.MethodType(fid.Bench.params, b)
+    measured = {r["config"]: r["measured"] for r in data["rows"]}
+    cfgs = [c for c in fid.eval_configs(b) if fid.label(c) in measured]
+    assert len(cfgs) >= 20
+    lengths = [tuple(x) for x in data["lengths"]]
+    meas = [measured[fid.label(c)] for c in cfgs]
+    pred = [fid.predict(b, c, data["calibration"], lengths, seeds=2)["throughput"] for c in cfgs]
+    assert fid.spearman(pred, meas) >= 0.9, list(zip(map(fid.label, cfgs), meas, pred, strict=True))
+    assert fid.mape(pred, meas) <= 0.15
     clear = [(i, j) for i, j in combinations(range(len(cfgs)), 2)
              if max(meas[i], meas[j]) / min(meas[i], meas[j]) > MARGIN]
-    assert clear, f"no clearly different pair among measured {meas}"
     wrong = [(fid.label(cfgs[i]), fid.label(cfgs[j])) for i, j in clear
              if (meas[i] > meas[j]) != (pred[i] > pred[j])]
-    assert not wrong, f"misranked {wrong}: measured {meas}, predicted {pred}"
+    assert clear and not wrong, f"misranked {wrong}"
