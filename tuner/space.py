@@ -86,22 +86,27 @@ def space_from_plan(plan: Plan) -> SearchSpace:
     return SearchSpace(dists, fixed, defaults, warm)
 
 
-def unrestricted_space(plan: Plan) -> SearchSpace:
-    """The same parameters over their whole registry domains: what a search without rules faces."""
+def registry_distribution(name: str):  # -> optuna distribution | None
+    """The parameter's whole registry domain as a distribution (None for open-ended parameters)."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-    dists: dict[str, Any] = {}
-    for name in sorted(set(plan.space) | set(plan.fixed)):
-        spec = param_spec(name)
-        if spec is None or spec.domain is None and spec.type not in ("bool",):
-            continue
-        if spec.type == "bool":
-            dists[name] = CategoricalDistribution([False, True])
-        elif spec.type == "cat":
-            dists[name] = CategoricalDistribution(list(spec.domain))
-        elif spec.type == "int":
-            dists[name] = IntDistribution(int(spec.domain[0]), int(spec.domain[1]))
-        else:
-            dists[name] = FloatDistribution(float(spec.domain[0]), float(spec.domain[1]))
+    spec = param_spec(name)
+    if spec is None:
+        return None
+    if spec.type == "bool":
+        return CategoricalDistribution([False, True])
+    if spec.domain is None:
+        return None
+    if spec.type == "cat":
+        return CategoricalDistribution(list(spec.domain))
+    if spec.type == "int":
+        return IntDistribution(int(spec.domain[0]), int(spec.domain[1]))
+    return FloatDistribution(float(spec.domain[0]), float(spec.domain[1]))
+
+
+def unrestricted_space(plan: Plan, extra: tuple[str, ...] = ()) -> SearchSpace:
+    """The plan's parameters (and `extra` ones) over their whole registry domains: a search without rules."""
+    dists = {n: d for n in sorted(set(plan.space) | set(plan.fixed) | set(extra))
+             if (d := registry_distribution(n)) is not None}
     defaults = {k: v for k, v in engine_defaults().items() if k not in dists}
     return SearchSpace(dists, {}, defaults, {})

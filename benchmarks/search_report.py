@@ -1,0 +1,134 @@
+"""Markdown for benchmarks/bench_search.py: the result tables and the RESULTS.md section writer."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+SECTION = "## Rule-guided search vs default sampler"
+START, END = "<!-- bench_search:start -->", "<!-- bench_search:end -->"
+
+if TYPE_CHECKING:
+    from bench_search import CaseResult
+
+
+def median_trials(hits: list[int | None], cap: int) -> float | None:
+    """Median trials-to-target over seeds, a miss counting as beyond the cap; None if the median is a miss."""
+    import statistics
+
+    vals = [h if h is not None else cap + 1 for h in hits]
+    m = statistics.median(vals)
+    return None if m > cap else float(m)
+
+
+def _fmt_median(m: float | None, cap: int) -> str:
+    return f"not reached (>{cap})" if m is None else f"{m:g}"
+
+
+def _ratio(rule: float | None, default: float | None, default_cap: int) -> tuple[str, float | None]:
+    if rule is None:
+        return "n/a", None
+    if default is None:
+        return f">{(default_cap + 1) / rule:.1f}", (default_cap + 1) / rule
+    return f"{default / rule:.1f}", default / rule
+
+
+def _hits(h: list[int | None]) -> str:
+    return ", ".join("-" if x is None else str(x) for x in h)
+
+
+def render(results: list[CaseResult], opts: argparse.Namespace, cmd: str, wall: float, head: str,
+           grid: dict, polish: dict) -> str:
+    pct = f"{opts.target * 100:g}%"
+    lines = [
+        f"Command: `{cmd}` (commit {head}; {wall / 60:.1f} min wall, {opts.jobs} processes).",
+        "",
+        "Score = simulated output tokens/s per GPU (`tuner.objective.SimulateEvaluator`, "
+        f"{opts.requests} requests, simulation seed 0), **0 when the configuration is infeasible or misses the "
+        "workload's p99 TPOT or TTFT SLO** (single objective; the product's tuner is multi-objective with SLO "
+        "constraints). Every method shares one memoised scorer per case.",
+        "",
+        f"Reference optimum: exhaustive grid {' x '.join(f'{k} {v}' for k, v in grid.items())} "
+        "with speculation on, plus the speculation-off branch over the non-speculative axes; every other "
+        "parameter at the engine default (dspark_core/config.py). Then coordinate passes over every parameter the "
+        "simulator reads, from the best grid point and again from the best point found inside the rule space, "
+        "until a pass improves nothing; the optimum is the better of the two (values: "
+        + "; ".join(f"{k} {v}" for k, v in polish.items())
+        + "). kernel.*, fusion.*, attention.backend, memory.page_size and the other "
+        "parameters of the spaces are not read by the simulator (checked on every evaluation), so they are not "
+        "gridded.",
+        "",
+        f"Rule-guided: TPE with the tuner's settings (`tuner.study.make_sampler`: multivariate, 8 start-up trials) "
+        f"over `space_from_plan(plan)` with the rules' preferred values enqueued as trial 0, cap {opts.rule_cap} "
+        f"trials. Default: `TPESampler(seed=s)` with Optuna's default settings (the sampler `optuna.create_study()` "
+        f"uses) over `unrestricted_space(plan)` plus every other parameter the simulator reads, on its full "
+        f"registry domain, no warm start, cap {opts.default_cap} trials. Trials = trials until the best score so "
+        f"far reaches {pct} of the optimum; median over seeds {list(opts.seeds)} (a miss counts as beyond the "
+        "cap); ratio = default median / rule-guided median.",
+        "",
+        f"| case | optimum tok/s/GPU (grid only) | dims rules / default | rule-guided trials to {pct}: "
+        f"median (per seed) | default sampler: median (per seed) | ratio | {pct} within 30 trials | ratio >= 3 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    met_30 = met_ratio = 0
+    for r in results:
+        rm = median_trials(r.rule_hits, opts.rule_cap)
+        dm = median_trials(r.default_hits, opts.default_cap)
+        rtxt, rval = _ratio(rm, dm, opts.default_cap)
+        ok30 = rm is not None and rm <= 30
+        okr = rval is not None and rval >= 3
+        met_30 += ok30
+        met_ratio += okr
+        lines.append(
+            f"| {r.name} | {r.optimum.value:,.0f} ({r.optimum.grid_value:,.0f}) | {r.rule_params} / {r.default_params} "
+            f"| {_fmt_median(rm, opts.rule_cap)} ({_hits(r.rule_hits)}) | {_fmt_median(dm, opts.default_cap)} "
+            f"({_hits(r.default_hits)}) | {rtxt} | {'yes' if ok30 else 'no'} | {'yes' if okr else 'no'} |")
+    lines += ["", f"Targets met: {pct} within 30 trials on {met_30}/{len(results)} cases; ratio >= 3 on "
+              f"{met_ratio}/{len(results)} cases (the issue asks for both on at least 6).", ""]
+    lines += ["Where the optimum lies and what the rules exclude. The simulator does not model the accuracy cost "
+              "of 4-bit weights (int4, nvfp4 keep the acceptance of 16-bit weights), so the second view measures "
+              f"against the best configuration with 8- or 16-bit weights: trials until a trial with 8/16-bit "
+              f"weights reaches {pct} of it (4-bit trials count as trials, not as hits). The rule space is "
+              "searched as is (its weights.dtype choices include int4).", "",
+              f"| case | optimum configuration | rule-space exclusions | best found inside the rule space "
+              f"(/ optimum) | best with 8/16-bit weights | rule-guided trials to {pct} of it | default | ratio "
+              f"| best seen by any method / optimum | simulator runs | seconds |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        p = r.optimum.params
+        where = ", ".join(f"{k}={p[k]}" for k in (
+            "weights.dtype", "kv.dtype", "parallel.tp", "batch.max_requests", "spec.enabled", "spec.block_size",
+            "spec.head", "spec.scheduler", "spec.max_verify_tokens", "spec.draft_layers"))
+        rm = median_trials(r.rule_hits_no4bit, opts.rule_cap)
+        dm = median_trials(r.default_hits_no4bit, opts.default_cap)
+        rtxt, _ = _ratio(rm, dm, opts.default_cap)
+        frac = r.rule_space_best / r.optimum.value if r.optimum.value else 0.0
+        lines.append(f"| {r.name} | {where} | {'; '.join(r.excluded) or 'none'} | {r.rule_space_best:,.0f} "
+                     f"({frac:.3f}) | {r.optimum.value_no4bit:,.0f} "
+                     f"| {_fmt_median(rm, opts.rule_cap)} ({_hits(r.rule_hits_no4bit)}) | "
+                     f"{_fmt_median(dm, opts.default_cap)} ({_hits(r.default_hits_no4bit)}) | {rtxt} | "
+                     f"{r.seen_max / r.optimum.value if r.optimum.value else 0:.3f} | {r.evaluations} | "
+                     f"{r.seconds:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_section(body: str, path: Path = RESULTS) -> None:
+    """Replace (or append) this benchmark's section of RESULTS.md, leaving other sections untouched."""
+    block = f"{SECTION}\n\n{START}\n{body}{END}\n"
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    if START in text and END in text:
+        head, rest = text.split(START, 1)
+        tail = rest.split(END, 1)[1].lstrip("\n")
+        head = head.rstrip()
+        if head.endswith(SECTION):
+            head = head[: -len(SECTION)].rstrip()
+        new = f"{head}\n\n{block}" + (f"\n{tail}" if tail else "")
+    else:
+        new = text.rstrip("\n") + "\n\n" + block
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text(new)
+    os.replace(tmp, path)
