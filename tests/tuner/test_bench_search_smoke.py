@@ -91,3 +91,20 @@ def test_write_section_replaces_only_its_own(bench, tmp_path):
     bench.write_section("third\n", path)
     text = path.read_text()
     assert "also kept" in text and "third" in text and text.count(bench.SECTION) == 1
+
+
+def test_render_writes_both_tables():
+    import argparse
+
+    import bench_search as b
+    from search_report import render
+
+    params = {"weights.dtype": "fp8", "kv.dtype": "auto", "parallel.tp": 1, "batch.max_requests": 8,
+              "spec.enabled": True, "spec.block_size": 7, "spec.head": "markov", "spec.scheduler": "prefix",
+              "spec.max_verify_tokens": 8, "spec.draft_layers": 2}
+    opt = b.Optimum(100.0, params, 90.0, 12, 80.0, 30)
+    res = b.CaseResult("m / g / w", opt, [5, None], [None, 40], 10, 20, [0.99, 0.9], [0.8, 0.99], [3, 4], [None, 9],
+                       30, 1.5, ["spec.block_size=9 outside [4, 8] (r)"], 95.0, 100.0)
+    opts = argparse.Namespace(rule_cap=60, default_cap=150, target=0.98, seeds=[0, 1], requests=16, jobs=1)
+    text = render([res], opts, "python benchmarks/bench_search.py", 12.0, "abc123", b.GRID, b.POLISH)
+    assert "| m / g / w |" in text and "spec.block_size=9 outside" in text
