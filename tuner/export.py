@@ -19,7 +19,7 @@ from typing import Any
 
 from tuner.errors import TunerError
 from tuner.study import SPEC_ATTR, StudySpec, best_trial, completed, feasible_trials, make_evaluator, open_study
-from tuner.targets import sglang_context, sts_payload, vllm_context
+from tuner.targets import measured_calibration, sglang_context, sts_payload, vllm_context
 
 TEMPLATES = Path(__file__).parent / "templates"
 DSPARK_TEMPLATE = "dspark/v1/dspark.yaml.j2"
@@ -105,7 +105,8 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
         load_config(cfg_path)  # the engine's own model accepts what we wrote
         sps = evaluator.sps_table(params)
         sps.save(tmp / "sps.json")
-        (tmp / "sts.json").write_text(json.dumps(sts_payload(profile, params), indent=2) + "\n")
+        calibration = measured_calibration(params["spec.head"]) if evaluator.mode == "measure" else None
+        (tmp / "sts.json").write_text(json.dumps(sts_payload(profile, params, calibration), indent=2) + "\n")
         sg = sglang_context(profile, params)
         (tmp / "sglang.sh").write_text(env.get_template(SGLANG_TEMPLATE).render(**common, **sg))
         vctx = vllm_context(profile, params)

@@ -81,9 +81,24 @@ def vllm_context(profile: Profile, p: dict[str, Any]) -> dict[str, Any]:
 
 
 def sts_payload(profile: Profile, p: dict[str, Any], calibration: dict[str, Any] | None = None) -> dict[str, Any]:
-    """SGLang's DSparkStsCalibration: a measured calibration when one exists, else identity temperatures."""
+    """SGLang's DSparkStsCalibration for block length gamma: a measured calibration when one exists, else
+    identity temperatures. STS is fitted left to right, so the first gamma temperatures of a longer
+    calibration are exactly the calibration of a gamma-token block."""
     gamma = int(p["spec.block_size"])
-    if calibration and len(calibration.get("temperatures", [])) == gamma:
-        return calibration
+    temps = (calibration or {}).get("temperatures") or []
+    if len(temps) >= gamma:
+        out = dict(calibration)
+        for key in ("temperatures", "ece_before", "ece_after"):
+            if isinstance(out.get(key), list):
+                out[key] = out[key][:gamma]
+        return out
     return {"temperatures": [1.0] * gamma, "dataset": "identity (no drafter calibrated for this model here)",
             "num_samples": 0, "ece_before": [], "ece_after": []}
+
+
+def measured_calibration(head: str) -> dict[str, Any] | None:
+    """The STS calibration shipped with the bundled engine's drafter for `head` (the tiny target's)."""
+    from dspark_core.config import ASSETS
+
+    path = ASSETS / "drafters" / head / "sts.json"
+    return json.loads(path.read_text()) if path.is_file() else None

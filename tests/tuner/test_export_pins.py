@@ -88,3 +88,14 @@ def test_rendered_flags_exist(i):
     assert used and used <= VLLM_FLAGS, used - VLLM_FLAGS
     spec = json.loads(env.get_template(VLLM_TEMPLATES[0]).render(**COMMON, **vctx))
     assert set(spec) <= set(VLLM["speculative_config_fields"]) and spec["method"] == "dspark"
+
+
+def test_sts_payload_truncates_a_longer_calibration_to_gamma():
+    from tuner.targets import sts_payload
+
+    cal = {"temperatures": [1.0, 0.5, 2.0, 0.8], "dataset": "d", "num_samples": 10,
+           "ece_before": [0.1, 0.2, 0.3, 0.4], "ece_after": [0.05, 0.1, 0.1, 0.2]}
+    params = {"spec.block_size": 3}
+    got = sts_payload(profile(), params, cal)
+    assert got["temperatures"] == [1.0, 0.5, 2.0] and got["ece_after"] == [0.05, 0.1, 0.1]
+    assert sts_payload(profile(), params)["temperatures"] == [1.0, 1.0, 1.0]
