@@ -80,9 +80,7 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
     spec = StudySpec.model_validate(study.user_attrs[SPEC_ATTR])
     best = best_trial(study, spec)
     trial = best or _closest(study, spec)
-    from tuner.space import space_from_plan
-
-    space = space_from_plan(spec.plan_model())
+    space = spec.space()
     params = space.params_of(dict(trial.params))
     evaluator = make_evaluator(spec)
     profile = spec.profile_model()

@@ -73,8 +73,36 @@ def _suggest(trial, name: str, d) -> Any:
     return trial.suggest_float(name, d.low, d.high, step=d.step, log=d.log)
 
 
-def space_from_plan(plan: Plan) -> SearchSpace:
-    dists = {name: _distribution(name, e) for name, e in sorted(plan.space.items())}
+def _kernel_distribution(name: str, e: SpaceEntry):  # -> CategoricalDistribution
+    """A `kernel.<name>.<knob>` range means the kernel's declared values inside it (Triton block sizes are
+    powers of two, not any integer); powers of two in the range when the knob is not declared."""
+    from optuna.distributions import CategoricalDistribution
+
+    _, kernel, knob = name.split(".", 2)
+    try:
+        from dspark_core.kernels.registry import get_entry
+
+        declared = list(get_entry(kernel).spec.space.get(knob, ()))
+    except (KeyError, ValueError, ImportError):
+        declared = []
+    if e.kind == "choices":
+        values = [v for v in (e.choices or []) if not declared or v in declared]
+    else:
+        pool = declared or [2**i for i in range(0, 21)]
+        values = [v for v in pool if e.low <= v <= e.high and v not in e.exclude]
+    return CategoricalDistribution(values or list(e.choices or [int(e.low)]))
+
+
+def space_from_plan(plan: Plan, tune_kernels: bool = False) -> SearchSpace:
+    """`tune_kernels`: search `kernel.*` knobs too (only where the evaluator can see them: measurements on
+    a GPU); otherwise they are left to `tune-kernels` and the kernels' per-architecture defaults."""
+    dists = {}
+    for name, e in sorted(plan.space.items()):
+        if name.startswith("kernel."):
+            if tune_kernels:
+                dists[name] = _kernel_distribution(name, e)
+            continue
+        dists[name] = _distribution(name, e)
     fixed = {k: v.value for k, v in plan.fixed.items()}
     warm = {}
     for k, p in plan.prefer.items():

@@ -60,6 +60,11 @@ class StudySpec(BaseModel):
     def plan_model(self) -> Plan:
         return Plan.model_validate(self.plan)
 
+    def space(self) -> SearchSpace:
+        """The searched space: kernel knobs only when measuring on a GPU, where they can be observed."""
+        gpu_measure = self.mode == "measure" and self.profile_model().hw.arch not in (None, "cpu")
+        return space_from_plan(self.plan_model(), tune_kernels=gpu_measure)
+
 
 def storage(db_url: str):  # -> optuna.storages.RDBStorage
     import warnings
@@ -108,7 +113,7 @@ def open_study(db_url: str, name: str, spec: StudySpec | None):  # -> optuna.Stu
         raise TunerError(f"no study named {name!r} in this database; list them with 'dspark kb stats'")
     study = optuna.create_study(study_name=name, storage=st, directions=directions(spec.objectives))
     study.set_user_attr(SPEC_ATTR, spec.model_dump(mode="json"))
-    space = space_from_plan(spec.plan_model())
+    space = spec.space()
     if space.warm_start:
         study.enqueue_trial(space.warm_start, skip_if_exists=True)
     return study
@@ -149,7 +154,7 @@ def run_worker(db_url: str, name: str, n_trials: int, worker: int = 0, timeout: 
     study = optuna.load_study(study_name=name, storage=storage(db_url), sampler=None)
     spec = StudySpec.model_validate(study.user_attrs[SPEC_ATTR])
     study.sampler = make_sampler(spec.seed, worker)
-    space = space_from_plan(spec.plan_model())
+    space = spec.space()
     evaluator = make_evaluator(spec)
     if not space.distributions:
         n_trials = min(n_trials, 1)  # nothing to search: one evaluation of the fixed plan

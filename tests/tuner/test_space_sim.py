@@ -78,3 +78,17 @@ def test_fp8_on_a_gpu_without_fp8_is_infeasible():
                                                 "batch.max_requests": 8})
     r = ev.evaluate({**params, "weights.dtype": "fp8"})
     assert not r.feasible and "FP8" in r.why
+
+
+def test_kernel_knobs_take_declared_values_and_only_where_observable():
+    p = Plan.model_validate({"space": {
+        "kernel.rmsnorm.num_warps": {"kind": "range", "low": 1, "high": 8, "type": "int", "rules": ["k"], "why": ""},
+        "kernel.verify_greedy.BLOCK_V": {"kind": "range", "low": 1000, "high": 9000, "type": "int", "rules": ["k"],
+                                         "why": ""}},
+        "prefer": {"kernel.rmsnorm.num_warps": {"value": 4, "rules": ["k"]}}})
+    assert not [n for n in space_from_plan(p).distributions if n.startswith("kernel.")]
+    assert space_from_plan(p).defaults["kernel.rmsnorm.num_warps"] == 4  # the rule's preference is used
+    dists = space_from_plan(p, tune_kernels=True).distributions
+    for d in dists.values():
+        assert all(v & (v - 1) == 0 for v in d.choices)  # powers of two only
+    assert set(dists["kernel.rmsnorm.num_warps"].choices) <= {1, 2, 4, 8}
