@@ -24,6 +24,8 @@ def _how(name: str, space: SearchSpace, plan: Plan) -> str:
             return "tuned"
         where = f"{e.choices}" if e.kind == "choices" else f"[{e.low}, {e.high}]"
         return f"tuned over {where} (rules {', '.join(e.rules)})"
+    if name in plan.prefer:
+        return f"preferred by {', '.join(plan.prefer[name].rules)}"
     return "engine default"
 
 
