@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from dspark_core.atomic import atomic_write_text
 from dspark_core.errors import DSparkError
 
 NUM_BINS = 15  # ECE bins (equal width on [0, 1])
@@ -78,16 +77,7 @@ class StsCalibration(BaseModel):
 
     def save(self, path: str | Path) -> None:
         """Write the JSON atomically (temp file + os.replace)."""
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(json.dumps(self.model_dump(), indent=2) + "\n")
-            os.replace(tmp, p)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_text(path, json.dumps(self.model_dump(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> StsCalibration:

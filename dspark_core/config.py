@@ -8,12 +8,12 @@ Nested sections mirror the dotted parameter names of `kb/catalog/params.yaml` (`
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dspark_core.atomic import atomic_write_text
 from dspark_core.errors import DSparkError
 from dspark_core.sampling import SamplingParams
 
@@ -195,15 +195,4 @@ def save_config(config: EngineConfig, path: str | os.PathLike[str]) -> Path:
     """Write `config` as YAML atomically (temp file + os.replace); returns the path."""
     import yaml
 
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    text = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return p
+    return atomic_write_text(path, yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

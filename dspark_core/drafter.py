@@ -18,8 +18,6 @@ dspark_core/dspark_runtime.py; `build_drafter` below is the registry entry point
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark_core.arch import ArchConfig
+from dspark_core.atomic import atomic_write
 from dspark_core.errors import DSparkError
 from dspark_core.heads import HEADS, ConfidenceHead, SequentialHead
 from dspark_core.model import RMSNorm, apply_rope, rope_inv_freq
@@ -304,14 +303,7 @@ def save_drafter(model: DSparkDraftModel, folder: str | Path, dtype: torch.dtype
     tensors = {k: v.detach().to(dtype).contiguous().cpu() for k, v in model.state_dict().items()}
     for name, write in ((WEIGHTS_FILE, lambda p: save_file(tensors, p)),
                         (CONFIG_FILE, lambda p: Path(p).write_text(json.dumps(asdict(model.cfg), indent=2)))):
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
-        os.close(fd)
-        try:
-            write(tmp)
-            os.replace(tmp, out / name)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write(out / name, write)
     return out
 
 

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -27,6 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from dspark_core.atomic import atomic_write_text
 from dspark_core.errors import DSparkError
 
 
@@ -104,7 +103,7 @@ class SpsTable:
 
     def save(self, path: str | Path) -> None:
         """Write SGLang's SpsCostTable JSON atomically (temp file + os.replace)."""
-        _atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=2) + "\n")
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> SpsTable:
@@ -172,15 +171,3 @@ def _first_error(e: ValidationError) -> str:
     loc = ".".join(str(x) for x in err.get("loc", ()))
     msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
     return f"{loc}: {msg}" if loc else msg
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

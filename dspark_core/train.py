@@ -17,9 +17,7 @@ Checkpoints (weights + optimiser + step + data) go to `out/train_state.pt`; a re
 from __future__ import annotations
 
 import math
-import os
 import random
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -29,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from dspark_core.atomic import atomic_write
 from dspark_core.drafter import DraftConfig, DSparkDraftModel, save_drafter
 
 if TYPE_CHECKING:
@@ -169,14 +168,7 @@ def generate_continuations(target: LeanModel, prompts: torch.Tensor, new_tokens:
 
 
 def _save_atomic(obj: object, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def build_model(cfg: TrainConfig, target: LeanModel) -> DSparkDraftModel:

@@ -29,6 +29,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from dspark_core.atomic import atomic_write_text
 from profiler.arch import ArchSpec
 from profiler.errors import ProfileError
 
@@ -249,14 +250,6 @@ def _shipped() -> dict[str, dict[str, int]]:
     return data.get("census", {}) if data.get("version") == CENSUS_VERSION else {}
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def census(spec: ArchSpec, refresh: bool = False) -> tuple[dict[str, int], str]:
     """Counts for ``spec`` and where they came from ('cache', 'catalog' or 'export')."""
     key = spec.signature()
@@ -272,7 +265,7 @@ def census(spec: ArchSpec, refresh: bool = False) -> tuple[dict[str, int], str]:
     data = _read_json(cp) or {"version": CENSUS_VERSION, "census": {}}
     data["census"][key] = counts
     try:
-        _atomic_write(cp, json.dumps(data, indent=1, sort_keys=True))
+        atomic_write_text(cp, json.dumps(data, indent=1, sort_keys=True))
     except OSError:
         pass  # a read-only cache only costs speed
     return counts, "export"
@@ -292,7 +285,7 @@ def write_catalog() -> Path:
             out[spec.signature()] = compute_census(spec)
     header = ("# Operator census per architecture signature, written by `python -m profiler.census "
               "--write-catalog`;\n# tests/profiler/test_census.py re-exports and checks these. Do not edit by hand.\n")
-    _atomic_write(SHIPPED, header + yaml.safe_dump({"version": CENSUS_VERSION, "census": out}, sort_keys=True))
+    atomic_write_text(SHIPPED, header + yaml.safe_dump({"version": CENSUS_VERSION, "census": out}, sort_keys=True))
     return SHIPPED
 
 
