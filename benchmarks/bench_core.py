@@ -14,40 +14,13 @@ import platform
 import shlex
 import subprocess
 import sys
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
+from results_md import bench_table, write_section
+
 HERE = Path(__file__).parent
 ROOT = HERE.parent
-START, END = "<!-- bench_core:start -->", "<!-- bench_core:end -->"
-
-
-def table(result: dict) -> str:
-    """Markdown table of the bench JSON."""
-    lines = ["| method | tokens/s | speedup vs plain | tau | per-position acceptance | lossless |",
-             "|---|---:|---:|---:|---|---|"]
-    for m in result["methods"]:
-        acc = " ".join(f"{x:.2f}" for x in m["position_acceptance"]) or "-"
-        tau = f"{m['tau']:.2f}" if m["tau"] else "-"
-        loss = {True: "yes", False: "no", None: "-"}[m["lossless"]]
-        lines.append(f"| {m['name']} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {tau} | {acc} | {loss} |")
-    return "\n".join(lines)
-
-
-def write_section(text: str) -> None:
-    """Replace (or append) this script's section of RESULTS.md atomically."""
-    path = HERE / "RESULTS.md"
-    old = path.read_text() if path.exists() else "# Benchmark results\n"
-    block = f"{START}\n{text}\n{END}"
-    if START in old and END in old:
-        new = old[: old.index(START)] + block + old[old.index(END) + len(END) :]
-    else:
-        new = old.rstrip("\n") + "\n\n" + block + "\n"
-    fd, tmp = tempfile.mkstemp(dir=HERE, prefix=".RESULTS.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(new)
-    os.replace(tmp, path)
 
 
 def main() -> None:
@@ -83,13 +56,13 @@ def main() -> None:
         f"block size {result['block_size']}, {result['repeats']} interleaved repeats, one request at a time; "
         f"{load}.\n\n"
         f"Command: `python benchmarks/bench_core.py` which runs\n`{shown}`\n\n"
-        f"{table(result)}\n\n"
+        f"{bench_table(result)}\n\n"
         "tau = tokens committed per round including the target's own token; per-position acceptance = "
         "P(position j accepted | earlier positions accepted); lossless = greedy outputs token-identical to "
         "plain. hf_assisted uses transformers' default assistant schedule (heuristic, starting at 20 "
         "draft tokens) with the same fp32 target and draft checkpoints.\n"
     )
-    write_section(text)
+    write_section("bench_core", text)
     print(text)
 
 

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import shlex
 import subprocess
 import sys
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
+from results_md import bench_table, write_section
+
 HERE = Path(__file__).parent
 ROOT = HERE.parent
-START, END = "<!-- bench_dspark:start -->", "<!-- bench_dspark:end -->"
 
 
 def run_bench(args: argparse.Namespace, methods: str, concurrency: int) -> tuple[dict, str]:
@@ -36,31 +35,6 @@ def run_bench(args: argparse.Namespace, methods: str, concurrency: int) -> tuple
     if proc.returncode != 0:
         sys.exit(f"bench failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
     return json.loads(proc.stdout), " ".join(shlex.quote(c) for c in ["python", *cmd[1:]])
-
-
-def table(result: dict) -> str:
-    lines = ["| method | tokens/s | speedup vs plain | tau | per-position acceptance | lossless |",
-             "|---|---:|---:|---:|---|---|"]
-    for m in result["methods"]:
-        acc = " ".join(f"{x:.2f}" for x in m["position_acceptance"]) or "-"
-        tau = f"{m['tau']:.2f}" if m["tau"] else "-"
-        loss = {True: "yes", False: "no", None: "-"}[m["lossless"]]
-        lines.append(f"| {m['name']} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {tau} | {acc} | {loss} |")
-    return "\n".join(lines)
-
-
-def write_section(text: str) -> None:
-    path = HERE / "RESULTS.md"
-    old = path.read_text() if path.exists() else "# Benchmark results\n"
-    block = f"{START}\n{text}\n{END}"
-    if START in old and END in old:
-        new = old[: old.index(START)] + block + old[old.index(END) + len(END):]
-    else:
-        new = old.rstrip("\n") + "\n\n" + block + "\n"
-    fd, tmp = tempfile.mkstemp(dir=HERE, prefix=".RESULTS.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(new)
-    os.replace(tmp, path)
 
 
 def main() -> None:
@@ -86,12 +60,12 @@ def main() -> None:
         f"Measured {when} on {single['device']} ({platform.processor() or platform.machine()}), "
         f"{single['prompts']} held-out prompts (code from site-packages), {single['max_new_tokens']} new tokens "
         f"each, greedy, block size {args.block_size}, {args.repeats} interleaved repeats.\n\n"
-        f"Command: `python benchmarks/bench_dspark.py` which runs\n`{cmd1}`\n\n{table(single)}\n\n"
-        f"With {args.concurrency} requests in flight (`{cmd2}`):\n\n{table(batch)}\n\n"
+        f"Command: `python benchmarks/bench_dspark.py` which runs\n`{cmd1}`\n\n{bench_table(single)}\n\n"
+        f"With {args.concurrency} requests in flight (`{cmd2}`):\n\n{bench_table(batch)}\n\n"
         "Offline acceptance figures (per-position conditional acceptance, tau against gamma, STS ECE): "
         "`python benchmarks/dspark_acceptance.py` -> results/dspark_acceptance.{json,png}.\n"
     )
-    write_section(text)
+    write_section("bench_dspark", text)
     print(text)
 
 

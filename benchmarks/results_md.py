@@ -1,0 +1,37 @@
+"""Shared by the benchmark scripts: the bench JSON as a markdown table, and replacing one marked
+section of RESULTS.md (written atomically, other sections untouched)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+sys.path.insert(0, str(ROOT))
+
+from dspark_core.atomic import atomic_write_text  # noqa: E402
+
+
+def bench_table(result: dict) -> str:
+    """Markdown table of `python cli.py bench --json` output."""
+    lines = ["| method | tokens/s | speedup vs plain | tau | per-position acceptance | lossless |",
+             "|---|---:|---:|---:|---|---|"]
+    for m in result["methods"]:
+        acc = " ".join(f"{x:.2f}" for x in m["position_acceptance"]) or "-"
+        tau = f"{m['tau']:.2f}" if m["tau"] else "-"
+        loss = {True: "yes", False: "no", None: "-"}[m["lossless"]]
+        lines.append(f"| {m['name']} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {tau} | {acc} | {loss} |")
+    return "\n".join(lines)
+
+
+def write_section(name: str, text: str, path: Path = RESULTS) -> None:
+    """Replace (or append) the `<!-- name:start -->` ... `<!-- name:end -->` section of RESULTS.md."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    old = path.read_text() if path.exists() else "# Benchmark results\n"
+    block = f"{start}\n{text}\n{end}"
+    if start in old and end in old:
+        new = old[: old.index(start)] + block + old[old.index(end) + len(end):]
+    else:
+        new = old.rstrip("\n") + "\n\n" + block + "\n"
+    atomic_write_text(path, new)
