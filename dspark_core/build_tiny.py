@@ -126,6 +126,13 @@ def heldout_loss(model: LeanModel, data: torch.Tensor, seq: int = 256, max_windo
     return total / (n * seq)
 
 
+def _set_lr(opt, spec: TrainSpec, step: int) -> None:  # opt: torch.optim.Optimizer
+    """Linear warm-up, cosine decay, floored at 2 % of the peak."""
+    lr = spec.lr * min(1.0, (step + 1) / spec.warmup) * 0.5 * (1 + math.cos(math.pi * step / spec.steps))
+    for g in opt.param_groups:
+        g["lr"] = max(lr, spec.lr * 0.02)
+
+
 def train_lm(arch: ArchConfig, data: torch.Tensor, spec: TrainSpec, seed: int, progress: Progress,
              label: str) -> LeanModel:
     """Train a LeanModel of `arch` on random windows of `data` (AdamW, cosine schedule)."""
@@ -146,9 +153,7 @@ def train_lm(arch: ArchConfig, data: torch.Tensor, spec: TrainSpec, seed: int, p
     task = progress.add_task(label, total=spec.steps, loss=float("nan"))
     ema = float("nan")
     for step in range(spec.steps):
-        lr = spec.lr * min(1.0, (step + 1) / spec.warmup) * 0.5 * (1 + math.cos(math.pi * step / spec.steps))
-        for g in opt.param_groups:
-            g["lr"] = max(lr, spec.lr * 0.02)
+        _set_lr(opt, spec, step)
         xb = batches(data, spec, gen)
         logits, _ = model.forward_full(xb[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), xb[:, 1:].reshape(-1))
@@ -180,9 +185,7 @@ def distill_lm(student: LeanModel, teacher: LeanModel, data: torch.Tensor, spec:
     task = progress.add_task(label, total=spec.steps, loss=float("nan"))
     ema = float("nan")
     for step in range(spec.steps):
-        lr = spec.lr * min(1.0, (step + 1) / spec.warmup) * 0.5 * (1 + math.cos(math.pi * step / spec.steps))
-        for g in opt.param_groups:
-            g["lr"] = max(lr, spec.lr * 0.02)
+        _set_lr(opt, spec, step)
         xb = batches(data, spec, gen)[:, :-1]
         with torch.no_grad():
             p_t = torch.log_softmax(teacher.forward_full(xb)[0].float(), -1)  # [B, T, V]
