@@ -18,9 +18,10 @@ import torch
 from dspark_core.config import EngineConfig
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult, VerifyAll, VerifyScheduler
 from dspark_core.errors import DSparkError
+from dspark_core.kernels.spec import use_triton
 from dspark_core.sampling import SamplingParams, sampling_probs
 from dspark_core.stats import GenStats
-from dspark_core.verify import verify_greedy_batch, verify_sampling
+from dspark_core.verify import greedy_verdicts, verify_greedy_batch, verify_sampling
 
 if TYPE_CHECKING:
     from dspark_core.model import LeanModel
@@ -128,6 +129,7 @@ class Engine:
                         outputs[req.index] = self._finish(req, free, stats)
                     else:
                         running.append(req)
+                running.sort(key=lambda r: r.slot)  # rows in slot order: the target reads consecutive slots as a view
             if not running:
                 continue
             self._round(running, sp, stop, stats)
@@ -158,7 +160,8 @@ class Engine:
         return ids
 
     def _admit(self, batch: list[tuple[int, list[int], int]], sp: SamplingParams, stop: set[int]) -> list[_Running]:
-        """Prefill (index, prompt ids, slot) rows in one padded forward, sample each first token, reset drafter."""
+        """Prefill (index, prompt ids, slot) rows in one forward (ragged: only real tokens are computed), sample
+        each first token, reset the drafter."""
         lens = [len(ids) for _, ids, _ in batch]
         inp = torch.zeros(len(batch), max(lens), dtype=torch.long)
         for j, (_, ids, slot) in enumerate(batch):
@@ -174,9 +177,10 @@ class Engine:
             if first is not None:
                 tok = first[j]
             else:
-                tok = int(torch.multinomial(sampling_probs(out.logits[j, 0], sp).cpu(), 1, generator=gen))
+                tok = int(torch.multinomial(sampling_probs(out.row_logits(j)[0], sp).cpu(), 1, generator=gen))
             if self.drafter:
-                self.drafter.reset(slot, list(ids), out.hidden[j, : len(ids)] if out.hidden is not None else None)
+                hid = out.row_hidden(j)[: len(ids)] if out.flat_hidden is not None else None
+                self.drafter.reset(slot, list(ids), hid)
             self._commit(req, [tok], sp, stop)
             req.first_token_s = time.perf_counter() - self._t0
             reqs.append(req)
@@ -234,12 +238,14 @@ class Engine:
         bases = [len(r.tokens) - 1 for r in running]
         layers = self.drafter.hidden_layers if self.drafter else ()
         out = self.target(inp, self.cache, [r.slot for r in running], [n + 1 for n in nv], hidden_layers=layers)
-        if sp.greedy:
+        if sp.greedy and out.pack is not None and not use_triton(out.flat_logits):  # ragged: argmax real tokens
+            verdicts = greedy_verdicts(out.argmax(), inp[:, 1:], nv)
+        elif sp.greedy:
             verdicts = verify_greedy_batch(out.logits, inp[:, 1:], nv)
         else:
             verdicts = []
             for i in range(b):
-                p = sampling_probs(out.logits[i, : nv[i] + 1], sp)
+                p = sampling_probs(out.row_logits(i)[: nv[i] + 1], sp)
                 q = prop.probs[i, : nv[i]].to(p.device) if prop.probs is not None else None
                 verdicts.append(verify_sampling(p, q, inp[i, 1 : nv[i] + 1].to(p.device), running[i].generator))
         stats.steps += 1
@@ -250,7 +256,7 @@ class Engine:
             kept = self._commit(r, inp[i, 1 : k + 1].tolist() + [tok], sp, stop)
             self.cache.truncate(r.slot, bases[i] + k + 1)
             stats.record(verified=nv[i], accepted=k, committed=len(kept), proposed=prop.num[i])
-            hidden = out.hidden[i, : k + 1] if out.hidden is not None else None
+            hidden = out.row_hidden(i)[: k + 1] if out.flat_hidden is not None else None
             results.append(RoundResult(slot=r.slot, proposed=prop.num[i], verified=nv[i], accepted=k,
                                        new_tokens=kept, hidden=hidden, finished=bool(r.finish)))
         if self.drafter:

@@ -4,6 +4,11 @@
 * `forward(tokens [B, T], cache, slots, n_new)`: B requests, each appending up to T tokens at its own
   position (rows padded to T). Returns logits of every new position and, optionally, the hidden states of
   chosen decoder layers (the DSpark drafter conditions on them).
+* Ragged batches (rows with different n_new, as SGLang verifies them): every token-wise op (embedding,
+  norms, qkv / o / gate-up / down projections, LM head) runs on the N = sum(n_new) real tokens packed as
+  [N, H]; only attention goes through the padded [B, T] layout (packed queries scattered in, outputs
+  gathered back), and only real tokens are written to the KV cache. A verify batch then costs
+  sum(n_new) tokens of compute, not B * max(n_new), so trimming one request's verify length pays.
 * KV cache: one preallocated tensor pair per layer `[slots, max_len, kv_heads, head_dim]` and one length per
   slot. Rolling back rejected tokens is `cache.truncate(slot, n)`: O(1), nothing is copied or freed.
   Padded rows and rejected tokens leave garbage past the length that the next real tokens overwrite before
@@ -91,6 +96,32 @@ class KVCache:
         return int(self.lens[slot])
 
 
+@dataclass
+class Packing:
+    """Where the N real tokens of a ragged batch sit in the padded [B, T] grid (row-major)."""
+
+    b: int  # rows (requests)
+    t: int  # padded row length (longest n_new)
+    index: torch.Tensor  # [N] long: flat position r * T + j of each real token, in row order
+    lens: list[int]  # [B] real tokens per row (n_new)
+
+    @classmethod
+    def of(cls, n_new: list[int], t: int, device: torch.device) -> Packing:
+        """The packing of rows with n_new[r] real tokens each, padded to t."""
+        index = torch.cat([torch.arange(n, dtype=torch.long) + r * t for r, n in enumerate(n_new)])
+        return cls(b=len(n_new), t=t, index=index.to(device), lens=list(n_new))
+
+    def pad(self, packed: torch.Tensor) -> torch.Tensor:
+        """[N, D] packed rows -> [B, T, D] with zeros at the padding."""
+        out = packed.new_zeros(self.b * self.t, packed.shape[-1]).index_copy_(0, self.index, packed)
+        return out.view(self.b, self.t, -1)
+
+    def last(self) -> torch.Tensor:
+        """[B] long: packed index of each row's last real token."""
+        ends = torch.tensor(self.lens, dtype=torch.long).cumsum(0) - 1
+        return ends.to(self.index.device)
+
+
 class DecoderLayer(nn.Module):
     """Pre-norm attention + SwiGLU MLP with fused qkv and gate/up projections."""
 
@@ -108,20 +139,21 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # [B, T, H]
-        cos: torch.Tensor,  # [B, T, 1, hd]
-        sin: torch.Tensor,  # [B, T, 1, hd]
+        x: torch.Tensor,  # [B, T, H], or [N, H] packed real tokens when `pack` is given
+        cos: torch.Tensor,  # [B, T, 1, hd] (packed: [N, 1, hd])
+        sin: torch.Tensor,  # [B, T, 1, hd] (packed: [N, 1, hd])
         kv: tuple[torch.Tensor, torch.Tensor] | None,  # cache tensors of this layer
-        write: tuple[torch.Tensor, torch.Tensor] | None,  # (slot index [B, T], positions [B, T])
-        read: tuple[torch.Tensor | int, int] | None,  # (slots [B] or one slot int, keys to read Lk)
+        write: tuple[torch.Tensor, torch.Tensor] | None,  # (slot index, positions), each [B, T] (packed: [N])
+        read: tuple[torch.Tensor | int | tuple[int, int], int] | None,  # (slots [B] / one slot / range, Lk)
         mask: torch.Tensor | None,  # [B, 1, T, Lk] bool (True = attend) or None = causal over T
+        pack: Packing | None = None,  # where the packed tokens sit in the padded [B, T] grid
     ) -> torch.Tensor:
-        b, t, _ = x.shape
+        lead = x.shape[:-1]  # (B, T) or (N,)
         h = self.input_norm(x)
         q, k, v = self.qkv(h).split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
-        q = q.view(b, t, self.nh, self.hd)
-        k = k.view(b, t, self.nkv, self.hd)
-        v = v.view(b, t, self.nkv, self.hd)
+        q = q.view(*lead, self.nh, self.hd)
+        k = k.view(*lead, self.nkv, self.hd)
+        v = v.view(*lead, self.nkv, self.hd)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -130,10 +162,16 @@ class DecoderLayer(nn.Module):
             kc[write] = k.to(kc.dtype)  # scatter the new keys at each request's positions
             vc[write] = v.to(vc.dtype)
             slots, lk = read
-            keys, vals = kc[slots, :lk], vc[slots, :lk]  # [B, Lk, nkv, hd] (a view when one int slot)
+            if isinstance(slots, tuple):  # consecutive slots (s0, s1): a view, nothing copied
+                keys, vals = kc[slots[0] : slots[1], :lk], vc[slots[0] : slots[1], :lk]
+            else:
+                keys, vals = kc[slots, :lk], vc[slots, :lk]  # [B, Lk, nkv, hd] (a view when one int slot)
             if isinstance(slots, int):
                 keys, vals = keys.unsqueeze(0), vals.unsqueeze(0)
             keys, vals = keys.to(q.dtype).transpose(1, 2), vals.to(q.dtype).transpose(1, 2)  # [B, nkv, Lk, hd]
+            if pack is not None:  # packed queries -> padded [B, T, nh, hd] (pad rows are zeros, discarded)
+                q = q.new_zeros(pack.b * pack.t, self.nh, self.hd).index_copy_(0, pack.index, q)
+                q = q.view(pack.b, pack.t, self.nh, self.hd)
             attn = F.scaled_dot_product_attention(
                 q.transpose(1, 2), keys, vals, attn_mask=mask, enable_gqa=self.nkv != self.nh
             )
@@ -142,7 +180,12 @@ class DecoderLayer(nn.Module):
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
                 enable_gqa=self.nkv != self.nh,
             )
-        x = x + self.o(attn.transpose(1, 2).reshape(b, t, self.nh * self.hd))
+        attn = attn.transpose(1, 2)  # [B, T, nh, hd]
+        if pack is not None:
+            attn = attn.reshape(pack.b * pack.t, self.nh * self.hd).index_select(0, pack.index)  # [N, nh*hd]
+        else:
+            attn = attn.reshape(*lead, self.nh * self.hd)
+        x = x + self.o(attn)
         gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)
         act = swiglu_kernel(gate, up) if use_triton(gate) else F.silu(gate) * up
         return x + self.down(act)
@@ -150,10 +193,53 @@ class DecoderLayer(nn.Module):
 
 @dataclass
 class ForwardOut:
-    """Result of a cached forward."""
+    """Result of a cached forward.
 
-    logits: torch.Tensor  # [B, T, V] (or [B, 1, V] with last_only) float32
-    hidden: torch.Tensor | None  # [B, T, len(hidden_layers) * H] hidden states of the chosen layers
+    A dense batch (every row full) keeps the [B, T, ...] layout. A ragged batch keeps its real tokens packed
+    ([N, ...], `pack` says where): `row_logits` / `row_hidden` / `argmax` read them without padding, and the
+    `logits` / `hidden` properties pad to [B, T, ...] (zeros at the padding) for callers that want a grid.
+    """
+
+    flat_logits: torch.Tensor  # float32: [B, T, V], [B, 1, V] with last_only, or [N, V] packed
+    flat_hidden: torch.Tensor | None  # [B, T, W] or [N, W] packed; W = len(hidden_layers) * H
+    pack: Packing | None = None  # set for a ragged batch (hidden packed; logits too unless last_only)
+    last_only: bool = False  # logits hold only each row's last real token
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """[B, T, V] (or [B, 1, V] with last_only) float32."""
+        return self.pack.pad(self.flat_logits) if self.pack is not None and not self.last_only else self.flat_logits
+
+    @property
+    def hidden(self) -> torch.Tensor | None:
+        """[B, T, W] hidden states of the chosen layers (None when none were asked for)."""
+        if self.flat_hidden is None or self.pack is None:
+            return self.flat_hidden
+        return self.pack.pad(self.flat_hidden)
+
+    def _row(self, x: torch.Tensor, r: int, packed: bool) -> torch.Tensor:
+        if not packed or self.pack is None:
+            return x[r]
+        start = sum(self.pack.lens[:r])
+        return x[start : start + self.pack.lens[r]]
+
+    def row_logits(self, r: int) -> torch.Tensor:
+        """Row r's logits: [n_new[r], V] ([T, V] for a dense batch, [1, V] with last_only)."""
+        return self._row(self.flat_logits, r, not self.last_only)
+
+    def row_hidden(self, r: int) -> torch.Tensor:
+        """Row r's hidden states: [n_new[r], W] ([T, W] for a dense batch)."""
+        if self.flat_hidden is None:
+            raise ValueError("no hidden states: pass hidden_layers to the forward")
+        return self._row(self.flat_hidden, r, True)
+
+    def argmax(self) -> torch.Tensor:
+        """[B, T] long: the greedy token at every position (0 at the padding); one argmax over real tokens."""
+        if self.pack is None or self.last_only:
+            return self.flat_logits.argmax(-1)
+        best = self.flat_logits.argmax(-1)  # [N]
+        out = best.new_zeros(self.pack.b * self.pack.t).index_copy_(0, self.pack.index, best)
+        return out.view(self.pack.b, self.pack.t)
 
 
 class LeanModel(nn.Module):
@@ -220,25 +306,34 @@ class LeanModel(nn.Module):
         dev = self.device
         pos_d = pos.to(dev)
         slot_t = torch.tensor(slots, device=dev)
-        write = (slot_t[:, None].expand(b, t), pos_d)
-        read: tuple[torch.Tensor | int, int] = (slots[0] if b == 1 else slot_t, lk)
+        consecutive = slots == list(range(slots[0], slots[0] + b))  # rows are slots s0.. in order: read a view
+        read: tuple[torch.Tensor | int | tuple[int, int], int] = (
+            slots[0] if b == 1 else (slots[0], slots[0] + b) if consecutive else slot_t, lk)
         mask = None
         if t > 1 or b > 1:
             mask = (torch.arange(lk, device=dev)[None, None, :] <= pos_d[:, :, None])[:, None]  # [B, 1, T, Lk]
-        cos, sin = self._rope(pos_d)
-        x = self.embed(tokens.to(dev))
+        pack = Packing.of(n_new, t, dev) if b > 1 and min(n_new) < t else None  # ragged: pack real tokens
+        if pack is None:
+            write = (slot_t[:, None].expand(b, t), pos_d)
+            cos, sin = self._rope(pos_d)  # [B, T, 1, hd]
+            x = self.embed(tokens.to(dev))  # [B, T, H]
+        else:
+            write = (slot_t[:, None].expand(b, t).reshape(-1)[pack.index], pos_d.reshape(-1)[pack.index])  # [N]
+            cos, sin = (c[0] for c in self._rope(pos_d.reshape(-1)[pack.index][None]))  # [N, 1, hd]
+            x = self.embed(tokens.reshape(-1).to(dev)[pack.index])  # [N, H]
         caught: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, (cache.k[i], cache.v[i]), write, read, mask)
+            x = layer(x, cos, sin, (cache.k[i], cache.v[i]), write, read, mask, pack)
             self._collect(x, i, hidden_layers, caught)
         for r, s in enumerate(slots):
             cache.lens[s] = int(starts[r]) + n_new[r]
-        if last_only:
-            idx = torch.tensor([n - 1 for n in n_new], device=dev)
-            x = x[torch.arange(b, device=dev), idx][:, None]  # [B, 1, H]
-        logits = self.lm_head(self.norm(x)).float()
         hidden = torch.cat([caught[i] for i in hidden_layers], dim=-1) if hidden_layers else None
-        return ForwardOut(logits=logits, hidden=hidden)
+        if last_only:
+            idx = pack.last() if pack is not None else (
+                torch.arange(b, device=dev) * t + torch.tensor([n - 1 for n in n_new], device=dev))
+            x = x.reshape(-1, x.shape[-1])[idx][:, None]  # [B, 1, H]
+        logits = self.lm_head(self.norm(x)).float()
+        return ForwardOut(flat_logits=logits, flat_hidden=hidden, pack=pack, last_only=last_only)
 
     def forward_full(
         self, tokens: torch.Tensor, hidden_layers: tuple[int, ...] = ()

@@ -35,7 +35,12 @@ def verify_greedy_batch(target_logits: torch.Tensor, draft: torch.Tensor, num: l
         res = verify_kernel(draft[:, : t - 1].to(target_logits.device), target_logits, greedy=True,
                             num_verify=torch.tensor(num, device=target_logits.device))
         return list(zip(res.accept_len.tolist(), res.next_token.tolist(), strict=True))
-    best = target_logits.argmax(-1)  # [B, T]
+    return greedy_verdicts(target_logits.argmax(-1), draft, num)
+
+
+def greedy_verdicts(best: torch.Tensor, draft: torch.Tensor, num: list[int]) -> list[tuple[int, int]]:
+    """best [B, T] target argmax tokens, draft [B, T - 1] (row b valid up to num[b]) -> [(k, token)] per row."""
+    t = best.shape[1]
     if t == 1:
         return [(0, int(x)) for x in best[:, 0].tolist()]
     valid = torch.arange(t - 1)[None, :] < torch.tensor(num)[:, None]  # [B, T-1]
