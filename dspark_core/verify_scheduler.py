@@ -74,33 +74,72 @@ class EngineScheduler:
                 self.regulator.observe(res.slot, res.verified, res.accepted)
 
 
+def ragged_rows(batch_tokens: int, rows: int) -> list[int]:
+    """B verify tokens over `rows` requests, as evenly as possible (each row >= 1: its anchor)."""
+    b = max(batch_tokens, rows)
+    return [b // rows + (1 if r < b % rows else 0) for r in range(rows)]
+
+
 def profile_target_sps(target: LeanModel, max_batch_tokens: int, *, rows: int = 1, context: int = 64,
-                       repeats: int = 3) -> SpsTable:
+                       repeats: int = 3, affine: bool = False) -> SpsTable:
     """Steps per second of one target forward over B verify tokens, in the round loop's shape.
 
-    B = rows * t: `rows` requests (slots with a `context`-token history each) append t tokens, t = 1, 2, ...
-    up to max_batch_tokens / rows (for rows = 1, the default probe ladder). Verify cost on a padded engine
-    depends on the row count as much as on the tokens, so the engine profiles with its batch size. The
-    scratch cache is thrown away afterwards.
+    `rows` requests (slots with a `context`-token history each) append B tokens together, spread as evenly
+    as possible (`ragged_rows`): the engine verifies ragged batches, so a step costs its real tokens (plus
+    attention over the longest row). rows = 1 probes the default ladder; rows > 1 probes B = rows ..
+    max_batch_tokens. `affine` (the engine on a CPU): fit step seconds = a + b * B by least squares over
+    the probes and tabulate the fit at every B from 1 to max_batch_tokens. A CPU has no tile-quantisation
+    cliffs to find (step time grows linearly with the tokens), and on shared cores the raw table carries
+    jitter that the prefix scheduler's early stop would mistake for a cliff. The scratch cache is thrown
+    away afterwards.
     """
     import torch
 
     rows = max(1, min(rows, max_batch_tokens))
-    longest = max(1, max_batch_tokens // rows)
+    longest = -(-max_batch_tokens // rows)
     cache = target.new_cache(rows, context + longest + 1)
     for r in range(rows):
         target(torch.randint(1, target.arch.vocab_size, (1, context)), cache, [r])
 
     def step(b: int) -> None:
-        t = max(1, b // rows)
-        target(torch.randint(1, target.arch.vocab_size, (rows, t)), cache, list(range(rows)))
+        n_new = ragged_rows(b, rows)
+        target(torch.randint(1, target.arch.vocab_size, (rows, max(n_new))), cache, list(range(rows)), n_new)
         for r in range(rows):
             cache.truncate(r, context)
         if target.device.type == "cuda":
             torch.cuda.synchronize()
 
-    probes = default_probes(max_batch_tokens) if rows == 1 else [rows * t for t in range(1, longest + 1)]
-    return profile_sps(step, probes, warmup=1, repeats=repeats, max_batch_tokens=max_batch_tokens)
+    if rows == 1:
+        probes = default_probes(max_batch_tokens)
+    else:
+        probes = list(range(rows, max_batch_tokens + 1))
+    if not affine:
+        return profile_sps(step, probes, warmup=1, repeats=repeats, max_batch_tokens=max_batch_tokens)
+    import statistics
+
+    probes = sorted({*probes[:: max(1, len(probes) // 12)], probes[-1]})  # a dozen points pin a line down
+    times: dict[int, list[float]] = {b: [] for b in probes}
+    for _ in range(max(3, repeats)):  # rounds over all probes: drifting load on shared cores hits all alike
+        for b in probes:
+            step(b)  # warm this shape
+            t0 = time.perf_counter()
+            step(b)
+            times[b].append(time.perf_counter() - t0)
+    return affine_sps([(b, statistics.median(ts)) for b, ts in times.items()], max_batch_tokens)
+
+
+def affine_sps(times: list[tuple[int, float]], max_batch_tokens: int) -> SpsTable:
+    """Least-squares fit of step seconds = a + b * B to (B, seconds) samples, tabulated at B = 1 ..
+    max_batch_tokens (b clamped >= 0: a bigger batch is never cheaper)."""
+    xs = [float(x) for x, _ in times]
+    ys = [y for _, y in times]
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var) if var > 0 else 0.0
+    base = max(my - slope * mx, 1e-6)
+    top = max_batch_tokens
+    return SpsTable.from_probes([(b, 1.0 / (base + slope * b)) for b in range(1, top + 1)], top)
 
 
 def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTable | None = None
@@ -112,8 +151,9 @@ def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTabl
     if sps is None and spec.scheduler in ("prefix", "async_topk"):
         max_tokens = config.batch.max_requests * (min(spec.block_size, spec.max_verify_tokens) + 1)
         sps = SpsTable.load(spec.sps_path) if spec.sps_path else \
-            profile_target_sps(target, max_tokens, rows=config.batch.max_requests)
+            profile_target_sps(target, max_tokens, rows=config.batch.max_requests,
+                               affine=target.device.type == "cpu")
+    # the round loop verifies ragged batches (model.py packs the real tokens), so the policies price a batch
+    # at sum(l_r + 1) tokens: their default, padded = False
     policy = make_scheduler(spec.scheduler, sps=sps, threshold=spec.confidence_threshold)
-    if hasattr(policy, "padded"):
-        policy.padded = True  # type: ignore[attr-defined]  # the round loop pads every row to the longest
     return EngineScheduler(policy=policy, regulator=reg, max_verify=spec.max_verify_tokens)
