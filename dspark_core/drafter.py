@@ -199,25 +199,28 @@ class DSparkDraftModel(nn.Module):
         return torch.cat([a, m], dim=-2)
 
     def backbone(self, x: torch.Tensor, pos: torch.Tensor, ctx: list[tuple[torch.Tensor, torch.Tensor]],
-                 mask: torch.Tensor) -> BlockOut:
-        """x [B, Q, H] block inputs at positions pos [B, Q]; ctx per layer; mask [B, 1, Q, Lc + Q]."""
+                 mask: torch.Tensor, keep: int | None = None) -> BlockOut:
+        """x [B, Q, H] block inputs at positions pos [B, Q]; ctx per layer; mask [B, 1, Q, Lc + Q].
+        `keep`: only the first `keep` positions go through the final norm and LM head (the rest still shape
+        the others' states through bidirectional attention, but nobody samples from them)."""
         cos, sin = self.rope(pos)
         for layer, (ck, cv) in zip(self.layers, ctx, strict=True):
             x = layer(x, cos, sin, ck, cv, mask)
-        h = self.norm(x)
+        h = self.norm(x if keep is None else x[:, :keep])
         return BlockOut(base_logits=self.lm_head(h.to(self.lm_head.weight.dtype)).float(), hidden=h)
 
     def forward_blocks(self, anchors: torch.Tensor, anchor_pos: torch.Tensor,
                        ctx: list[tuple[torch.Tensor, torch.Tensor]], ctx_valid: torch.Tensor,
-                       g: int) -> BlockOut:
+                       g: int, keep: int | None = None) -> BlockOut:
         """One block per row (inference). anchors / anchor_pos [B]; ctx per layer [B, Lc, nkv, hd];
-        ctx_valid [B, Lc] bool (False = padding) -> U [B, g, V], h [B, g, H]."""
+        ctx_valid [B, Lc] bool (False = padding) -> U [B, keep or g, V], h [B, keep or g, H]: a block of g
+        slots, of which the first `keep` are drafted from."""
         b = anchors.shape[0]
         x = self.block_inputs(anchors, g)  # [B, g, H]
         pos = anchor_pos[:, None] + torch.arange(g, device=anchor_pos.device)[None]  # [B, g]
         block = torch.ones(b, g, g, dtype=torch.bool, device=ctx_valid.device)
         mask = torch.cat([ctx_valid[:, None, :].expand(b, g, -1), block], dim=-1)[:, None]  # [B,1,g,Lc+g]
-        return self.backbone(x, pos, ctx, mask)
+        return self.backbone(x, pos, ctx, mask, keep)
 
     def forward_packed(self, tokens: torch.Tensor, target_hidden: torch.Tensor, anchors: torch.Tensor
                        ) -> BlockOut:

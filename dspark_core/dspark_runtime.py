@@ -1,11 +1,13 @@
 """The DSpark drafter in the engine: the `Drafter` interface (drafters/base.py) over DSparkDraftModel.
 
-Per slot it keeps the draft layers' context keys/values of every committed position but the anchor:
-`reset` computes them for the prompt, `update` appends the rows of the positions that entered the target
-KV this round (the old anchor + the accepted draft tokens), so nothing is ever recomputed and a rejected
-suffix never enters. `propose` runs one backbone forward over a block of `block_size` slots per request
-(the length the drafter was trained with; a longer block if a request asks for more), samples left to
-right with the sequential head, and returns the STS-calibrated confidences for the scheduler.
+Per slot it keeps the draft layers' context keys/values of every committed position but the anchor, in
+preallocated per-layer buffers [slots, capacity, nkv, hd] (grown by doubling): `reset` computes them for
+the prompt, `update` writes the rows of the positions that entered the target KV this round (the old
+anchor + the accepted draft tokens; one projection for the whole batch), so nothing is ever recomputed or
+concatenated and a rejected suffix never enters. Consecutive slots are read as a view. `propose` runs one
+backbone forward over a block of `block_size` slots per request (the length the drafter was trained with;
+a longer block if a request asks for more; only the first gamma slots go through the LM head), samples
+left to right with the sequential head, and returns the STS-calibrated confidences for the scheduler.
 """
 
 from __future__ import annotations
@@ -37,24 +39,56 @@ class DSparkDrafter(Drafter):
         self.name = METHOD_NAMES[model.cfg.head]
         self.hidden_layers = tuple(model.cfg.target_layers)
         self.sts = sts
-        self.ctx: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # slot -> per layer (k, v) [L, nkv, hd]
+        self.kbuf: list[torch.Tensor] = []  # per draft layer [slots, capacity, nkv, hd]: context keys
+        self.vbuf: list[torch.Tensor] = []  # per draft layer [slots, capacity, nkv, hd]: context values
+        self.lens: dict[int, int] = {}  # slot -> context positions held (all committed tokens but the anchor)
 
-    def _kv(self, hidden: torch.Tensor, start: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """hidden [n, W] target states of positions start..start+n-1 -> per layer (k, v) [n, nkv, hd]."""
+    def _kv(self, hidden: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """hidden [n, W] target states at positions pos [n] -> per layer (k, v) [n, nkv, hd]."""
         dev = self.model.mask_embed.device
         feats = self.model.context_features(hidden.to(dev)[None])
-        pos = torch.arange(start, start + hidden.shape[0], device=dev)[None]
-        return [(k[0], v[0]) for k, v in self.model.context_kv(feats, pos)]
+        return [(k[0], v[0]) for k, v in self.model.context_kv(feats, pos.to(dev)[None])]
+
+    def _reserve(self, slot: int, need: int, like: torch.Tensor) -> None:
+        """Make room for `need` positions in `slot` (slots and capacity grow by doubling; O(1) amortised)."""
+        slots, cap = (self.kbuf[0].shape[0], self.kbuf[0].shape[1]) if self.kbuf else (0, 0)
+        if slot < slots and need <= cap:
+            return
+        new_slots, new_cap = max(slots, slot + 1), max(cap, 64)
+        while new_cap < need:
+            new_cap *= 2
+        shape = (new_slots, new_cap, *like.shape[1:])
+        for buf in (self.kbuf, self.vbuf):
+            for i in range(len(self.model.layers)):
+                grown = like.new_zeros(shape)
+                if i < len(buf):
+                    grown[:slots, :cap] = buf[i]
+                    buf[i] = grown
+                else:
+                    buf.append(grown)
+
+    def _write(self, slot: int, start: int, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        n = kv[0][0].shape[0]
+        self._reserve(slot, start + n, kv[0][0])
+        for i, (k, v) in enumerate(kv):
+            self.kbuf[i][slot, start : start + n] = k
+            self.vbuf[i][slot, start : start + n] = v
+        self.lens[slot] = start + n
 
     @torch.inference_mode()
     def reset(self, slot: int, prompt: list[int], hidden: torch.Tensor | None) -> None:
         if hidden is None:
             raise DSparkError("the DSpark drafter needs target hidden states; the engine did not pass them")
-        self.ctx[slot] = self._kv(hidden, 0)
+        self._write(slot, 0, self._kv(hidden, torch.arange(hidden.shape[0])))
 
     def context_len(self, slot: int) -> int:
         """Committed positions (all tokens but the anchor) held for `slot`."""
-        return int(self.ctx[slot][0][0].shape[0])
+        return self.lens[slot]
+
+    def context(self, slot: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per draft layer (k, v) [context_len, nkv, hd] of `slot` (views of the buffers)."""
+        n = self.lens[slot]
+        return [(k[slot, :n], v[slot, :n]) for k, v in zip(self.kbuf, self.vbuf, strict=True)]
 
     def _calibrated(self, raw: torch.Tensor) -> torch.Tensor:
         """raw confidence logits [B, G] -> sigmoid(raw / T_k) (T = 1 past the calibrated positions)."""
@@ -80,23 +114,17 @@ class DSparkDrafter(Drafter):
                 raise DSparkError(f"DSpark drafter out of step on slot {requests[i].slot}: {n} context positions "
                                   f"for {len(requests[i].tokens)} tokens (engine must reset/update every round)")
         lmax = max(lens)
-        ctx = []
-        for layer in range(len(self.model.layers)):
-            if len(rows) == 1:  # one request: its cached K/V as they are, no padded copy
-                k, v = self.ctx[requests[rows[0]].slot][layer]
-                ctx.append((k[None], v[None]))
-                continue
-            k0 = self.ctx[requests[rows[0]].slot][layer][0]
-            ks = k0.new_zeros(len(rows), lmax, *k0.shape[1:])
-            vs = k0.new_zeros(len(rows), lmax, *k0.shape[1:])
-            for j, i in enumerate(rows):
-                k, v = self.ctx[requests[i].slot][layer]
-                ks[j, : k.shape[0]], vs[j, : v.shape[0]] = k, v
-            ctx.append((ks, vs))
+        slots = [requests[i].slot for i in rows]
+        if slots == list(range(slots[0], slots[0] + len(rows))):  # consecutive slots: views, nothing copied
+            ctx = [(k[slots[0] : slots[-1] + 1, :lmax], v[slots[0] : slots[-1] + 1, :lmax])
+                   for k, v in zip(self.kbuf, self.vbuf, strict=True)]
+        else:
+            idx = torch.tensor(slots, device=dev)
+            ctx = [(k[idx, :lmax], v[idx, :lmax]) for k, v in zip(self.kbuf, self.vbuf, strict=True)]
         valid = torch.arange(lmax, device=dev)[None] < torch.tensor(lens, device=dev)[:, None]
         anchors = torch.tensor([requests[i].tokens[-1] for i in rows], device=dev)
         g_run = max(self.model.cfg.block_size, g)
-        block = self.model.forward_blocks(anchors, torch.tensor(lens, device=dev), ctx, valid, g_run)
+        block = self.model.forward_blocks(anchors, torch.tensor(lens, device=dev), ctx, valid, g_run, keep=g)
         out = self.model.draft(block, anchors, [requests[i].sampling for i in rows],
                                [requests[i].generator for i in rows], g=g)
         tokens[rows] = out.tokens.cpu()
@@ -109,16 +137,21 @@ class DSparkDrafter(Drafter):
 
     @torch.inference_mode()
     def update(self, results: list[RoundResult]) -> None:
-        for res in results:
-            if res.slot not in self.ctx or res.hidden is None or res.finished:
-                continue
-            start = self.context_len(res.slot)
-            new = self._kv(res.hidden, start)
-            self.ctx[res.slot] = [(torch.cat([k, nk]), torch.cat([v, nv]))
-                                  for (k, v), (nk, nv) in zip(self.ctx[res.slot], new, strict=True)]
+        live = [res for res in results if res.slot in self.lens and res.hidden is not None and not res.finished]
+        if not live:
+            return
+        starts = [self.lens[res.slot] for res in live]
+        hidden = torch.cat([res.hidden for res in live])  # type: ignore[misc]  # [sum n, W]: one projection
+        sizes = [res.hidden.shape[0] for res in live]  # type: ignore[union-attr]
+        pos = torch.cat([torch.arange(st, st + n) for st, n in zip(starts, sizes, strict=True)])  # [sum n]
+        kv = self._kv(hidden, pos)
+        at = 0
+        for st, n, res in zip(starts, sizes, live, strict=True):
+            self._write(res.slot, st, [(k[at : at + n], v[at : at + n]) for k, v in kv])
+            at += n
 
     def release(self, slot: int) -> None:
-        self.ctx.pop(slot, None)
+        self.lens.pop(slot, None)
 
 
 def drafter_folder(config: EngineConfig) -> Path:
