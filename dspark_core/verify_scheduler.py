@@ -32,25 +32,28 @@ class EngineScheduler:
     name: str = ""  # scheduler name in stats (defaults to the policy's)
     learn_overhead: bool = True  # estimate the per-round cost beyond the target step online
     ema: float = 0.2  # weight of the newest round in the overhead estimate
-    _last: tuple[float, int] | None = field(default=None, repr=False)  # (time of last decision, its batch)
+    _round_start: float | None = field(default=None, repr=False)  # first gamma() call of the current round
+    _batch: int | None = field(default=None, repr=False)  # verify tokens chosen this round
 
     def __post_init__(self) -> None:
         self.name = self.name or self.policy.name
 
     def _observe_round_time(self, now: float) -> None:
-        """Round time between two decisions = target step at the last batch + everything else (drafting,
-        bookkeeping); the 'everything else' part becomes the policy's per-round overhead (EMA)."""
+        """A round runs from its first gamma() call to observe(): target step at the chosen batch + everything
+        else (drafting, verification, bookkeeping). The 'everything else' part becomes the policy's per-round
+        overhead (EMA). Prefills between rounds fall outside this span: they cost per request, not per round."""
         sps = getattr(self.policy, "sps", None)
-        if self._last is None or sps is None or not self.learn_overhead:
+        start, batch = self._round_start, self._batch
+        self._round_start, self._batch = None, None
+        if start is None or batch is None or sps is None or not self.learn_overhead:
             return
-        t0, batch = self._last
-        if now - t0 > 1.0:  # an idle gap (between generate calls), not a round
-            return
-        extra = max(0.0, (now - t0) - 1.0 / sps.lookup(batch))
+        extra = max(0.0, (now - start) - 1.0 / sps.lookup(batch))
         old = float(getattr(self.policy, "overhead_s", 0.0))
         self.policy.overhead_s = extra if old == 0.0 else (1 - self.ema) * old + self.ema * extra  # type: ignore[attr-defined]
 
     def gamma(self, slot: int, default: int) -> int:
+        if self._round_start is None:
+            self._round_start = time.perf_counter()
         return min(default, self.regulator.gamma_for(slot))
 
     def choose(self, requests: list[DraftRequest], proposal: Proposal) -> list[int]:
@@ -59,14 +62,13 @@ class EngineScheduler:
             return nums
         conf = proposal.confidence.detach().float().cpu().tolist()
         rows = [row[:n] for row, n in zip(conf, nums, strict=True)]
-        self._observe_round_time(time.perf_counter())
         lengths = self.policy.schedule(rows)
         padded = bool(getattr(self.policy, "padded", False))
-        batch = len(rows) * (max(lengths, default=0) + 1) if padded else sum(lengths) + len(rows)
-        self._last = (time.perf_counter(), batch)
+        self._batch = len(rows) * (max(lengths, default=0) + 1) if padded else sum(lengths) + len(rows)
         return lengths
 
     def observe(self, results: list[RoundResult]) -> None:
+        self._observe_round_time(time.perf_counter())
         for res in results:
             if res.finished:
                 self.regulator.drop(res.slot)
