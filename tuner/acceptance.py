@@ -2,9 +2,15 @@
 
 Source, in order: the profile's measured `accept.*` (a real drafter on this workload), else a
 published prior (tuner/catalog/acceptance_priors.yaml when present, else the DSpark paper's
-headline figures quoted in DESIGN.md section 4). The per-position curve is alpha_k = a * d**(k-1),
-with `a` solved so the expected tau at the reference block length equals the source's tau and d from
-the geometric fit of the paper's Figure 2 curves (nearly flat: 0.99 without a head, 0.997 with one).
+headline figures quoted in DESIGN.md section 4).
+
+Prior shape. How acceptance falls with position comes from the paper's Figure 4 (tau against draft
+length 4/8/12/16 per domain and head, Qwen3-4B): a geometric alpha_k = a * d**(k-1) fitted to those four
+points (least squares on tau), then scaled so tau at gamma = 7 equals the target's Table 1 figure. Depth
+comes from Figure 3 (tau with 1, 2 and 5 draft layers at gamma = 7): tau at gamma = 7 is multiplied by
+tau(layers) / tau(5 layers), linear between the plotted depths and held at 1 beyond 5 (not measured).
+Without the catalogue the curve is alpha_k = a * d**(k-1) with `a` solved for tau at the reference
+block length (d from the geometric fit of Figure 2).
 
 Confidences: each drafted token has a latent survival probability p ~ Beta(kappa*alpha_k,
 kappa*(1-alpha_k)); the token is accepted with probability p and the (calibrated) confidence head
@@ -14,6 +20,7 @@ reports p. This gives the schedulers the signal the paper's calibrated head give
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -76,8 +83,49 @@ class AcceptanceModel:
         return p, rng.random(p.shape) < p
 
 
+@lru_cache(maxsize=1)
 def _priors() -> dict:
     return (yaml.safe_load(PRIORS_FILE.read_text()) or {}) if PRIORS_FILE.exists() else {}
+
+
+FIG4_KEY = {"none": "dflash", "markov": "dspark_markov", "rnn": "dspark_rnn"}  # head -> Figure 4 series
+DOMAINS = ("math", "code", "chat")
+
+
+@lru_cache(maxsize=64)
+def fit_geometric(gammas: tuple[int, ...], taus: tuple[float, ...]) -> tuple[float, float]:
+    """(a, d) of alpha_k = a * d**(k-1) minimising the squared tau error at the given gammas (grid search)."""
+    a = np.linspace(0.30, 0.999, 700)[:, None, None]
+    d = np.linspace(0.80, 1.02, 221)[None, :, None]
+    k = np.arange(max(gammas))[None, None, :]
+    surv = np.cumprod(np.minimum(0.999, a * d**k), axis=-1)  # [A, D, K]
+    tau = 1.0 + np.cumsum(surv, axis=-1)
+    err = sum((tau[..., g - 1] - t) ** 2 for g, t in zip(gammas, taus, strict=True))
+    i, j = np.unravel_index(int(np.argmin(err)), err.shape)
+    return float(a[i, 0, 0]), float(d[0, j, 0])
+
+
+def _fig4(domain: str, head: str) -> tuple[list[int], list[float]] | None:
+    """Figure 4's tau at gamma 3/7/11/15 for the head on the domain (mixed: mean of the three domains)."""
+    fig = _priors().get("tau_vs_gamma") or {}
+    key = FIG4_KEY.get(head, "dspark_markov")
+    doms = [domain] if domain in fig else [d for d in DOMAINS if d in fig]
+    rows = [fig[d][key] for d in doms if key in fig.get(d, {})]
+    if not rows or "gamma" not in fig:
+        return None
+    return list(fig["gamma"]), [float(np.mean(col)) for col in zip(*rows, strict=True)]
+
+
+def depth_ratio(domain: str, layers: int | None) -> float:
+    """tau(layers) / tau(5 layers) at gamma = 7 from Figure 3 (DSpark, Qwen3-4B); 1 when unknown or > 5."""
+    fig = _priors().get("depth") or {}
+    if layers is None or layers >= 5 or "dspark_5_layer" not in fig:
+        return 1.0
+    cols = {d: [i for i, c in enumerate(fig["columns"]) if c in (_priors().get("domain_map") or {}).get(d, [])]
+            for d in DOMAINS}
+    idx = cols.get(domain) or [i for d in DOMAINS for i in cols[d]]
+    depth = {n: float(np.mean([fig[f"dspark_{n}_layer"][i] for i in idx])) for n in (1, 2, 5)}
+    return float(np.interp(max(1, layers), [1, 2, 5], [depth[1], depth[2], depth[5]])) / depth[5]
 
 
 def _decay(domain: str, head: str) -> float:
@@ -103,8 +151,40 @@ def _prior_tau(domain: str, head: str) -> tuple[float, str]:
     return HEADLINE_TAU[(dom, base)], f"prior: {HEADLINE_SOURCE}{note}"
 
 
-def acceptance_for(profile: Profile, head: str, kappa: float = 3.0) -> AcceptanceModel:
-    """The acceptance model for a head on this profile's workload: measured if the profile has it."""
+def _scaled(alphas: list[float], tau: float, gamma: int = REF_GAMMA) -> tuple[float, ...]:
+    """The curve times the constant that makes its tau at `gamma` equal `tau`."""
+    lo, hi = 0.0, 2.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tau([min(0.999, mid * a) for a in alphas[:gamma]]) < tau else (lo, mid)
+    return tuple(min(0.999, (lo + hi) / 2 * a) for a in alphas)
+
+
+def _prior_model(domain: str, head: str, kappa: float, draft_layers: int | None) -> AcceptanceModel:
+    tau, src = _prior_tau(domain, head)
+    ratio = depth_ratio(domain, draft_layers)
+    if ratio != 1.0:
+        tau, src = tau * ratio, f"{src}; x{ratio:.3f} for {draft_layers} draft layers (paper Fig. 3)"
+    fig = _fig4(domain, head)
+    if fig is None:
+        decay = _decay(domain, head)
+        return AcceptanceModel(_solve_first(tau, decay, REF_GAMMA), decay, kappa, src)
+    gammas, taus = fig
+    if head == "rnn":  # Table 1 has the Markov head only: carry Figure 4's RNN / Markov ratio at gamma 7
+        markov = _fig4(domain, "markov")
+        if markov is not None:
+            tau *= float(np.interp(REF_GAMMA, gammas, taus)) / float(np.interp(REF_GAMMA, *markov))
+    a, d = fit_geometric(tuple(gammas), tuple(taus))
+    table = _scaled([a * d**k for k in range(16)], tau)
+    return AcceptanceModel(table[0], d, kappa, f"{src}; decay over positions: paper Fig. 4 (d = {d:.3f})", table)
+
+
+def acceptance_for(profile: Profile, head: str, kappa: float = 3.0, draft_layers: int | None = None
+                   ) -> AcceptanceModel:
+    """The acceptance model for a head on this profile's workload: measured if the profile has it.
+
+    `draft_layers` scales a published prior by the paper's depth curve; a measured profile belongs to
+    one drafter, whose depth it already reflects."""
     acc = profile.accept
     domain = profile.workload.domain or "mixed"
     decay = _decay(domain, head)
@@ -120,5 +200,4 @@ def acceptance_for(profile: Profile, head: str, kappa: float = 3.0) -> Acceptanc
     if acc.tau and acc.gamma:
         return AcceptanceModel(_solve_first(acc.tau, decay, acc.gamma), decay, kappa,
                                f"measured: tau {acc.tau} at gamma {acc.gamma}")
-    tau, src = _prior_tau(domain, head)
-    return AcceptanceModel(_solve_first(tau, decay, REF_GAMMA), decay, kappa, src)
+    return _prior_model(domain, head, kappa, draft_layers)

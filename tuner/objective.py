@@ -12,6 +12,7 @@ from typing import Any
 
 from profiler.schema import Profile
 
+FOUR_BIT = ("int4", "nvfp4")  # weight formats that need `workload.quality: relaxed`
 OBJECTIVES: dict[str, tuple[str, str]] = {  # name -> (metric key, direction)
     "throughput": ("throughput", "maximize"),  # output tokens per second per GPU
     "tpot_p99": ("tpot_p99_ms", "minimize"),  # p99 time per output token
@@ -88,11 +89,15 @@ class SimulateEvaluator(Evaluator):
         fp8_weights = params.get("weights.dtype") in ("fp8",) or str(params.get("kv.dtype", "")).startswith("fp8")
         if fp8_weights and self.profile.hw.fp8 is False:
             return Evaluation({}, False, f"{self.hw.name} has no FP8 tensor cores")
+        four_bit = params.get("weights.dtype") in FOUR_BIT
+        if four_bit and self.profile.workload.quality != "relaxed":
+            return Evaluation({}, False, f"{params['weights.dtype']} weights are below the workload's accuracy floor "
+                                         "(profile --quality relaxed allows 4-bit weights)")
         count = self.profile.hw.count or 8
         if int(params.get("parallel.tp", 1)) > count:
             return Evaluation({}, False, f"tp {params['parallel.tp']} exceeds the {count} devices available")
-        res = simulate(params, self.profile, self.perf(params), acceptance_for(self.profile, params["spec.head"]),
-                       n_requests=self.n_requests, seed=seed)
+        accept = acceptance_for(self.profile, params["spec.head"], draft_layers=int(params["spec.draft_layers"]))
+        res = simulate(params, self.profile, self.perf(params), accept, n_requests=self.n_requests, seed=seed)
         metrics = {"throughput": res.throughput, "tpot_p99_ms": res.tpot_p99_ms, "ttft_p99_ms": res.ttft_p99_ms,
                    "tpot_mean_ms": res.tpot_mean_ms, "tau": res.tau,
                    "verify_tokens_per_step": res.verify_tokens_per_step}
