@@ -33,6 +33,12 @@ def register(app: typer.Typer) -> None:
         entropy: Annotated[bool | None, typer.Option(
             "--entropy/--no-entropy", help="Measure the target's next-token entropy on the workload with a "
                                            "runnable model (default: only with --gpu auto).")] = None,
+        quality: Annotated[str | None, typer.Option(
+            "--quality", help="Accuracy floor: standard (default: 8-bit weights at most) or relaxed (4-bit "
+                              "weights allowed; check their accuracy on your workload first).")] = None,
+        gpus: Annotated[int | None, typer.Option(
+            "--gpus", help="Devices the deployment has (sets hw.count; default: not stated, the tuner then "
+                           "searches TP over one 8-GPU node).")] = None,
         list_models: Annotated[bool, typer.Option("--list-models", help="List the model catalogue.")] = False,
         list_gpus: Annotated[bool, typer.Option("--list-gpus", help="List the GPU catalogue.")] = False,
     ) -> None:
@@ -44,7 +50,8 @@ def register(app: typer.Typer) -> None:
             from profiler.errors import ProfileError
 
             raise ProfileError("nothing to profile: give --model and/or --gpu (see --list-models, --list-gpus)")
-        p = _build_with_progress(model, gpu, workload, measure, entropy, quiet=json_out)
+        p = _build_with_progress(model, gpu, workload, measure, entropy, quiet=json_out, quality=quality,
+                                 gpus=gpus)
         profile_id = None
         if store:
             from kb.db import open_db
@@ -66,13 +73,14 @@ def register(app: typer.Typer) -> None:
 
 
 def _build_with_progress(model: str | None, gpu: str | None, workload: str | None, measure: bool,
-                         entropy: bool | None, quiet: bool):  # -> Profile
+                         entropy: bool | None, quiet: bool, quality: str | None = None,
+                         gpus: int | None = None):  # -> Profile
     """build_profile with a progress bar on stderr while micro-benchmarks / entropy run."""
     from profiler.build import build_profile
 
     slow = (gpu or "").lower() == "auto" and measure or bool(entropy)
     if not slow:
-        return build_profile(model, gpu, workload, measure=measure, entropy=entropy)
+        return build_profile(model, gpu, workload, measure=measure, entropy=entropy, quality=quality, gpus=gpus)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from profiler.hardware import MICROBENCH_STEPS
@@ -86,7 +94,8 @@ def _build_with_progress(model: str | None, gpu: str | None, workload: str | Non
         def step(msg: str) -> None:
             bar.update(task, advance=1, description=msg)
 
-        return build_profile(model, gpu, workload, measure=measure, entropy=entropy, progress=step)
+        return build_profile(model, gpu, workload, measure=measure, entropy=entropy, progress=step,
+                             quality=quality, gpus=gpus)
 
 
 def _list(list_models: bool, list_gpus: bool, json_out: bool) -> None:

@@ -125,9 +125,17 @@ def onnx_model_profile(path: Path) -> ModelProfile:
 
 
 def build_profile(model: str | None, gpu: str | None, workload: str | None, measure: bool = True,
-                  entropy: bool | None = None, progress: Progress | None = None) -> Profile:
+                  entropy: bool | None = None, progress: Progress | None = None,
+                  quality: str | None = None, gpus: int | None = None) -> Profile:
     """The full profile. ``measure``: run microbenchmarks for ``gpu='auto'``; ``entropy``: measure the
-    target's next-token entropy with a runnable model (None: only together with ``gpu='auto'``)."""
+    target's next-token entropy with a runnable model (None: only together with ``gpu='auto'``);
+    ``quality``: the workload's accuracy floor (standard, relaxed: 4-bit weights allowed); ``gpus``: how
+    many devices the deployment has (None: not stated; the tuner then assumes one node of eight)."""
+    if gpus is not None and gpus < 1:
+        raise ProfileError(f"--gpus {gpus}: give the number of devices, at least 1")
+    if quality is not None and quality not in ("standard", "relaxed"):
+        raise ProfileError(f"--quality {quality!r} is not one of standard, relaxed (relaxed allows 4-bit weights "
+                           "once their accuracy has been checked on the workload)")
     notes: list[str] = []
     spec: ArchSpec | None = None
     mp = ModelProfile()
@@ -136,6 +144,7 @@ def build_profile(model: str | None, gpu: str | None, workload: str | None, meas
     if resolved and workload and workload.lower() not in workload_presets():
         tokenize = tokenizer_of(resolved[2]) if Path(resolved[2]).exists() else None
     wl, wl_notes = workload_profile(workload, tokenize)
+    wl.quality = quality  # type: ignore[assignment]  # validated above
     notes += wl_notes
     if resolved:
         spec, name, source, m_notes = resolved
@@ -165,6 +174,8 @@ def build_profile(model: str | None, gpu: str | None, workload: str | None, meas
                 progress("entropy measured")
     profile = Profile(model=mp, workload=wl)
     if hw is not None:
+        if gpus is not None and hw.arch != "cpu":
+            hw.count = gpus
         profile.hw = hw
     if spec is not None:
         profile.derived = derive(spec, hw, wl)

@@ -18,6 +18,7 @@ Attention = Literal["mha", "gqa", "mqa", "mla"]
 HwArch = Literal["ampere", "ada", "hopper", "blackwell", "cdna3", "cpu"]
 Domain = Literal["chat", "code", "math", "mixed"]
 Bound = Literal["memory", "compute"]
+Quality = Literal["standard", "relaxed"]  # accuracy floor of a deployment (see WorkloadProfile.quality)
 
 
 class _Strict(BaseModel):
@@ -134,6 +135,7 @@ class WorkloadProfile(_Strict):
     slo: Slo | None = None
     entropy: Entropy | None = None
     temperature: float | None = None  # sampling temperature (0 = greedy)
+    quality: Quality | None = None  # accuracy floor: standard (None) = 8-bit weights at most; relaxed = 4-bit allowed
 
 
 class AcceptProfile(_Strict):
