@@ -132,3 +132,16 @@ def test_gpu_auto_measures_this_machine(capsys):
     measured = out["hw"]["measured"]
     assert measured["bandwidth_gbs"] > 0 and (measured.get("tflops_bf16") or measured.get("tflops_fp32")) > 0
     assert out["derived"]["decode_bound"] in ("memory", "compute")  # measured ceilings stand in for a datasheet
+
+
+def test_quality_and_gpu_count_reach_the_profile_and_the_plan(capsys):
+    out = _run_json(capsys, "--model", "qwen3", "--gpu", "h100", "--quality", "relaxed", "--gpus", "2", "--no-store")
+    assert out["workload"]["quality"] == "relaxed" and out["hw"]["count"] == 2
+    plain = _run_json(capsys, "--model", "qwen3", "--gpu", "h100", "--no-store")
+    assert "quality" not in plain["workload"] and "count" not in plain["hw"]  # not stated: nothing invented
+
+
+@pytest.mark.parametrize("args, words", [(["--quality", "lossy"], "standard, relaxed"),
+                                         (["--gpus", "0"], "at least 1")])
+def test_bad_quality_or_gpu_count_is_one_line(capsys, args, words):
+    assert words in _error(capsys, "--model", "qwen3", "--gpu", "h100", *args)
