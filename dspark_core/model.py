@@ -108,7 +108,7 @@ class Packing:
     @classmethod
     def of(cls, n_new: list[int], t: int, device: torch.device) -> Packing:
         """The packing of rows with n_new[r] real tokens each, padded to t."""
-        index = torch.cat([torch.arange(n, dtype=torch.long) + r * t for r, n in enumerate(n_new)])
+        index = torch.tensor([r * t + j for r, n in enumerate(n_new) for j in range(n)], dtype=torch.long)
         return cls(b=len(n_new), t=t, index=index.to(device), lens=list(n_new))
 
     def pad(self, packed: torch.Tensor) -> torch.Tensor:
