@@ -53,12 +53,17 @@ SENSITIVE: tuple[str, ...] = (
     "batch.cuda_graph_max_bs", "memory.fraction_static", "kv.dtype", "weights.dtype", "parallel.tp",
 )
 
+# Properties of the drafter checkpoint, not serving knobs: held at the released drafters' value everywhere
+# (the Markov head's W1/W2 are trained weight shapes; the paper publishes no acceptance for other ranks).
+CHECKPOINT: dict[str, Any] = {"spec.markov_rank": 256}
+
 # Exhaustive grid over the simulator's main parameters (the rest at the engine defaults), plus the
-# spec.enabled=False branch over the non-speculative axes.
+# spec.enabled=False branch over the non-speculative axes. 4-bit weights are left out: the cases do not
+# opt in (`profile --quality relaxed`), so the simulator scores them infeasible.
 GRID: dict[str, list[Any]] = {
-    "weights.dtype": ["auto", "fp8", "int4"],  # 16-, 8- and 4-bit weights
+    "weights.dtype": ["auto", "fp8"],  # 16- and 8-bit weights
     "parallel.tp": [1, 2],
-    "batch.max_requests": [4, 8, 16],  # 16 = all simulated requests at once (the default --requests)
+    "batch.max_requests": [8, 32, 128],
     "spec.block_size": [2, 4, 6, 8, 11, 16],
     "spec.scheduler": ["verify_all", "threshold", "prefix", "async_topk"],
 }
@@ -73,8 +78,7 @@ POLISH: dict[str, list[Any]] = {
     "spec.confidence_threshold": [0.1, 0.3, 0.5, 0.7, 0.9],
     "spec.max_verify_tokens": [2, 4, 6, 8, 12, 16],
     "spec.fallback_acceptance": [0.0, 0.3, 0.6],
-    "spec.draft_layers": [1, 2, 3, 4, 6, 8],
-    "spec.markov_rank": [16, 64, 256, 1024],
+    "spec.draft_layers": [1, 2, 3, 4, 5, 6, 8],
     "batch.max_requests": [1, 2, 4, 6, 8, 12, 16, 24, 32, 64, 256],
     "batch.max_tokens": [256, 1024, 4096, 16384, 65536],
     "batch.chunked_prefill": [0, 1024, 4096, 16384],
@@ -85,7 +89,6 @@ POLISH: dict[str, list[Any]] = {
     "weights.dtype": ["auto", "bf16", "fp16", "fp8", "int8", "int4", "nvfp4"],
     "parallel.tp": [1, 2, 4, 8],
 }
-FOUR_BIT = ("int4", "nvfp4")
 
 
 class _Recorder(dict):
@@ -155,10 +158,15 @@ def free_space(plan) -> Any:
     what a search without rules faces (otherwise the default sampler could not even change the batch size)."""
     from tuner.space import unrestricted_space
 
-    return unrestricted_space(plan, extra=tuple(SENSITIVE))
+    space = unrestricted_space(plan, extra=tuple(k for k in SENSITIVE if k not in CHECKPOINT))
+    for k, v in CHECKPOINT.items():
+        space.distributions.pop(k, None)
+        space.defaults[k] = v
+    return space
 
 
-def make_case(model: str, gpu: str, workload: str, n_requests: int, rules: list[Any] | None = None) -> Case:
+def make_case(model: str, gpu: str, workload: str, n_requests: int | None = None,
+              rules: list[Any] | None = None) -> Case:
     from kb.match import match_profile
     from profiler.build import build_profile
     from tuner.objective import SimulateEvaluator
@@ -167,9 +175,14 @@ def make_case(model: str, gpu: str, workload: str, n_requests: int, rules: list[
     profile = build_profile(model, gpu, workload, measure=False)
     plan = match_profile(rules if rules is not None else load_rules_stored(), profile)
     slo = profile.workload.slo
-    scorer = Scorer(SimulateEvaluator(profile, n_requests=n_requests), slo.tpot_ms if slo else None,
+    scorer = Scorer(SimulateEvaluator(profile, n_requests=n_requests or None), slo.tpot_ms if slo else None,
                     slo.ttft_ms if slo else None)
-    return Case(f"{model} / {gpu} / {workload}", profile, plan, space_from_plan(plan), free_space(plan), scorer)
+    rule_space = space_from_plan(plan)
+    for k, v in CHECKPOINT.items():
+        if k in rule_space.distributions or rule_space.fixed.get(k, v) != v:
+            raise RuntimeError(f"the rules search or fix checkpoint property {k}; bench_search holds it at {v}")
+        rule_space.defaults[k] = v
+    return Case(f"{model} / {gpu} / {workload}", profile, plan, rule_space, free_space(plan), scorer)
 
 
 def grid_points(base: dict[str, Any], grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -191,7 +204,6 @@ class Optimum:
     params: dict[str, Any]  # where (SENSITIVE parameters only)
     grid_value: float  # best score on the grid alone
     grid_points: int
-    value_no4bit: float  # best score among evaluated points with 8/16-bit weights
     evaluations: int  # distinct simulator runs
 
 
@@ -213,11 +225,6 @@ def _polish(case: Case, point: dict[str, Any], polish: dict[str, list[Any]], max
     return best_v, best_p
 
 
-def _no4bit(case: Case) -> float:
-    i = SENSITIVE.index("weights.dtype")
-    return max((v for k, v in case.scorer.memo.items() if k[i] not in FOUR_BIT), default=0.0)
-
-
 def reference_optimum(case: Case, grid: dict[str, list[Any]] | None = None,
                       polish: dict[str, list[Any]] | None = None, max_passes: int = 3) -> Optimum:
     """Exhaustive grid, then coordinate passes over `polish` from the best point until none improves."""
@@ -225,11 +232,11 @@ def reference_optimum(case: Case, grid: dict[str, list[Any]] | None = None,
 
     grid = GRID if grid is None else grid
     polish = POLISH if polish is None else polish
-    pts = grid_points(engine_defaults(), grid)
+    pts = grid_points({**engine_defaults(), **CHECKPOINT}, grid)
     best_v, best_p = max(((case.scorer(p), p) for p in pts), key=lambda vp: vp[0])
     grid_v = best_v
     best_v, best_p = _polish(case, best_p, polish, max_passes)
-    return Optimum(best_v, {k: best_p[k] for k in SENSITIVE}, grid_v, len(pts), _no4bit(case), case.scorer.calls)
+    return Optimum(best_v, {k: best_p[k] for k in SENSITIVE}, grid_v, len(pts), case.scorer.calls)
 
 
 def refine_optimum(case: Case, opt: Optimum, start: dict[str, Any], polish: dict[str, list[Any]] | None = None,
@@ -238,8 +245,8 @@ def refine_optimum(case: Case, opt: Optimum, start: dict[str, Any], polish: dict
     reference becomes the better of the two local optima."""
     v, p = _polish(case, start, POLISH if polish is None else polish, max_passes)
     if v > opt.value:
-        opt = Optimum(v, {k: p[k] for k in SENSITIVE}, opt.grid_value, opt.grid_points, 0.0, 0)
-    return Optimum(opt.value, opt.params, opt.grid_value, opt.grid_points, _no4bit(case), case.scorer.calls)
+        opt = Optimum(v, {k: p[k] for k in SENSITIVE}, opt.grid_value, opt.grid_points, 0)
+    return Optimum(opt.value, opt.params, opt.grid_value, opt.grid_points, case.scorer.calls)
 
 
 def rule_space_best(case: Case, opt: Optimum, polish: dict[str, list[Any]] | None = None,
@@ -273,10 +280,8 @@ def rule_space_best(case: Case, opt: Optimum, polish: dict[str, list[Any]] | Non
     return _polish(case, best_p, polish, max_passes, allowed)
 
 
-def search_curve(case: Case, method: str, seed: int, n_trials: int, stop_at: float | None = None,
-                 stop_at_no4bit: float | None = None) -> tuple[list[float], list[float]]:
-    """Best-so-far score after each trial, over all trials and over the trials with 8/16-bit weights
-    (the others count as trials but not as hits); stops early once both `stop_at` targets are reached."""
+def search_curve(case: Case, method: str, seed: int, n_trials: int, stop_at: float | None = None) -> list[float]:
+    """Best-so-far score after each trial; stops early once it reaches `stop_at`."""
     import optuna
 
     from tuner.study import make_sampler
@@ -293,21 +298,16 @@ def search_curve(case: Case, method: str, seed: int, n_trials: int, stop_at: flo
     else:
         raise ValueError(f"unknown method {method!r}")
     best: list[float] = []
-    best8: list[float] = []
 
     def objective(trial) -> float:
-        params = space.suggest(trial)
-        v = case.scorer(params)
+        v = case.scorer(space.suggest(trial))
         best.append(max(v, best[-1] if best else 0.0))
-        v8 = 0.0 if params.get("weights.dtype") in FOUR_BIT else v
-        best8.append(max(v8, best8[-1] if best8 else 0.0))
-        if (stop_at is not None and best[-1] >= stop_at
-                and (stop_at_no4bit is None or best8[-1] >= stop_at_no4bit)):
+        if stop_at is not None and best[-1] >= stop_at:
             study.stop()
         return v
 
     study.optimize(objective, n_trials=n_trials)
-    return best, best8
+    return best
 
 
 def trials_to(curve: list[float], target: float) -> int | None:
@@ -328,8 +328,6 @@ class CaseResult:
     default_params: int
     rule_best_at_cap: list[float]  # best / optimum after the rule-guided cap (or when stopped)
     default_best_at_cap: list[float]
-    rule_hits_no4bit: list[int | None]
-    default_hits_no4bit: list[int | None]
     evaluations: int
     seconds: float
     excluded: list[str]  # rule-space restrictions that exclude the optimum's value
@@ -376,25 +374,24 @@ def run_case(args: tuple) -> CaseResult:
     opt = reference_optimum(case)
     in_rules, in_rules_at = rule_space_best(case, opt)
     opt = refine_optimum(case, opt, in_rules_at)
-    goal, goal4 = target * opt.value, target * opt.value_no4bit
-    rule_runs = [search_curve(case, "rules", s, rule_cap, goal, goal4) for s in seeds]
-    default_runs = [search_curve(case, "default", s, default_cap, goal, goal4) for s in seeds]
-    rule_curves, rule_curves8 = [r[0] for r in rule_runs], [r[1] for r in rule_runs]
-    default_curves, default_curves8 = [r[0] for r in default_runs], [r[1] for r in default_runs]
+    goal = target * opt.value
+    rule_curves = [search_curve(case, "rules", s, rule_cap, goal) for s in seeds]
+    default_curves = [search_curve(case, "default", s, default_cap, goal) for s in seeds]
     return CaseResult(
         case.name, opt,
         [trials_to(c, goal) for c in rule_curves], [trials_to(c, goal) for c in default_curves],
         len(case.rule_space.distributions), len(case.free_space.distributions),
         [c[-1] / opt.value if opt.value else 0.0 for c in rule_curves],
         [c[-1] / opt.value if opt.value else 0.0 for c in default_curves],
-        [trials_to(c, goal4) for c in rule_curves8], [trials_to(c, goal4) for c in default_curves8],
         case.scorer.calls, time.time() - t0, excluded_by_rules(case, opt.params), in_rules,
         max(case.scorer.memo.values()))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--requests", type=int, default=16, help="simulated requests per evaluation")
+    ap.add_argument("--requests", type=int, default=0,
+                    help="simulated requests per evaluation (0: the tuner's own default, 3 x the workload's "
+                         "concurrency within 48..256)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--rule-cap", type=int, default=60, help="max trials of the rule-guided search")
     ap.add_argument("--default-cap", type=int, default=150, help="max trials of the default sampler")

@@ -25,6 +25,13 @@ def case(bench):
     return bench.make_case("qwen3-8b", "h100", "chat", n_requests=4)
 
 
+def test_four_bit_weights_need_the_relaxed_quality_floor(bench, case):
+    params = case.rule_space.params_of(case.rule_space.warm_start)
+    ev = case.scorer.evaluator.evaluate({**params, "weights.dtype": "int4"})
+    assert not ev.feasible and "--quality relaxed" in ev.why
+    assert "int4" not in case.rule_space.distributions["weights.dtype"].choices  # quant.quality.4bit-opt-in
+
+
 def test_scorer_memoises_and_zeroes_slo_misses(bench, case):
     params = case.rule_space.params_of({**{k: d.low if hasattr(d, "low") else d.choices[0]
                                           for k, d in case.rule_space.distributions.items()},
@@ -48,7 +55,10 @@ def test_recorder_rejects_unlisted_parameter(bench):
 
 def test_free_space_adds_every_simulated_parameter(bench, case):
     free, rules = case.free_space.distributions, case.rule_space.distributions
-    assert set(bench.SENSITIVE) <= set(free)
+    assert set(bench.SENSITIVE) - set(bench.CHECKPOINT) <= set(free)
+    for k, v in bench.CHECKPOINT.items():  # checkpoint properties are held, never searched
+        assert k not in free and k not in rules
+        assert case.free_space.defaults[k] == v == case.rule_space.defaults[k]
     assert all(k.startswith("kernel.") for k in set(rules) - set(free))  # no registry domain to widen to
     assert free["batch.max_requests"].high == 4096 and free["parallel.tp"].high == 64
 
@@ -58,7 +68,7 @@ def test_tiny_grid_optimum_and_both_searches(bench, case):
     polish = {"kv.dtype": ["auto", "fp8_e4m3"]}
     opt = bench.reference_optimum(case, grid=grid, polish=polish, max_passes=1)
     assert opt.grid_points == 4 + 2  # 2 x 2 with speculation, 2 dtypes without
-    assert opt.value >= opt.grid_value > 0 and opt.value_no4bit == opt.value  # no 4-bit point in this grid
+    assert opt.value >= opt.grid_value > 0
     assert case.scorer({**case.rule_space.defaults, **opt.params}) == opt.value
     inside, at = bench.rule_space_best(case, opt, polish=polish, max_passes=1)
     assert 0 < inside == case.scorer(at) <= max(case.scorer.memo.values())
@@ -66,10 +76,9 @@ def test_tiny_grid_optimum_and_both_searches(bench, case):
     refined = bench.refine_optimum(case, opt, at, polish=polish, max_passes=1)
     assert refined.value >= max(opt.value, inside) and refined.evaluations == case.scorer.calls
     for method in ("rules", "default"):
-        curve, curve8 = bench.search_curve(case, method, seed=0, n_trials=3)
-        assert len(curve) == len(curve8) == 3 and curve == sorted(curve) and curve8 == sorted(curve8)
-        assert all(a >= b for a, b in zip(curve, curve8, strict=True))
-    stopped, _ = bench.search_curve(case, "rules", seed=0, n_trials=5, stop_at=0.0, stop_at_no4bit=0.0)
+        curve = bench.search_curve(case, method, seed=0, n_trials=3)
+        assert len(curve) == 3 and curve == sorted(curve)
+    stopped = bench.search_curve(case, "rules", seed=0, n_trials=5, stop_at=0.0)
     assert len(stopped) == 1  # the warm start already reaches a target of 0
 
 
@@ -102,8 +111,8 @@ def test_render_writes_both_tables():
     params = {"weights.dtype": "fp8", "kv.dtype": "auto", "parallel.tp": 1, "batch.max_requests": 8,
               "spec.enabled": True, "spec.block_size": 7, "spec.head": "markov", "spec.scheduler": "prefix",
               "spec.max_verify_tokens": 8, "spec.draft_layers": 2}
-    opt = b.Optimum(100.0, params, 90.0, 12, 80.0, 30)
-    res = b.CaseResult("m / g / w", opt, [5, None], [None, 40], 10, 20, [0.99, 0.9], [0.8, 0.99], [3, 4], [None, 9],
+    opt = b.Optimum(100.0, params, 90.0, 12, 30)
+    res = b.CaseResult("m / g / w", opt, [5, None], [None, 40], 10, 20, [0.99, 0.9], [0.8, 0.99],
                        30, 1.5, ["spec.block_size=9 outside [4, 8] (r)"], 95.0, 100.0)
     opts = argparse.Namespace(rule_cap=60, default_cap=150, target=0.98, seeds=[0, 1], requests=16, jobs=1)
     text = render([res], opts, "python benchmarks/bench_search.py", 12.0, "abc123", b.GRID, b.POLISH)
