@@ -274,16 +274,16 @@ class DSparkDraftModel(nn.Module):
         gens = generators or [None] * b
         greedy = [s.greedy for s in sampling]
         tokens = torch.zeros(b, g, dtype=torch.long, device=anchors.device)
-        conf = torch.zeros(b, g, device=anchors.device)
         probs = None if all(greedy) else torch.zeros(b, g, block.base_logits.shape[-1])
         prev, state = anchors, self.head.init_state(b, block.hidden)
+        embedded = []  # W1[x_{k-1}] per position: the confidence head runs once on all of them below
         for k in range(g):
             h = block.hidden[:, k]
             bias, state, e = self.head.step(prev, h, state)
+            embedded.append(e)
             logits = block.base_logits[:, k] + (bias.float() if bias is not None else 0.0)  # [B, V]
-            conf[:, k] = self.confidence(h, e).float()
             nxt = logits.argmax(-1)
-            for i in range(b):
+            for i in range(b if probs is not None else 0):  # any sampled row (all-greedy: argmax is it)
                 if greedy[i]:
                     if probs is not None:
                         probs[i, k, int(nxt[i])] = 1.0
@@ -294,6 +294,7 @@ class DSparkDraftModel(nn.Module):
                 nxt[i] = int(torch.multinomial(q, 1, generator=gens[i]))
             tokens[:, k] = nxt
             prev = nxt
+        conf = self.confidence(block.hidden[:, :g], torch.stack(embedded, dim=1)).float()  # [B, g]
         return DraftOut(tokens=tokens, probs=probs, confidence_logits=conf)
 
 
