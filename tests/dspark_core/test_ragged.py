@@ -99,8 +99,9 @@ def test_concurrency_8_greedy_is_token_identical_to_plain(scheduler: str, plain8
     # a steep SPS table makes the prefix scheduler trim rows unevenly: the ragged path is exercised
     sps = SpsTable.from_probes([(b, 1.0 / (1.0 + 0.08 * b)) for b in range(1, 73)], 72)
     spy = _RaggedSpy(tiny_target)
-    eng = Engine(cfg, target=spy, tokenizer=tiny_tokenizer,  # type: ignore[arg-type]
-                 scheduler=build_verify_scheduler(cfg, tiny_target, sps=sps))
+    sched = build_verify_scheduler(cfg, tiny_target, sps=sps)
+    sched.learn_overhead = False  # decisions from the table alone: deterministic
+    eng = Engine(cfg, target=spy, tokenizer=tiny_tokenizer, scheduler=sched)  # type: ignore[arg-type]
     gen = eng.generate(PROMPTS, SP)
     assert [o.token_ids for o in gen.outputs] == plain8
     assert gen.stats.tau > 1.0
@@ -153,3 +154,37 @@ def test_profiled_ragged_table_spans_the_round_batches() -> None:
     assert all(b >= a for a, b in zip(t.sample_steps_per_sec[1:], t.sample_steps_per_sec, strict=False))
     raw = profile_target_sps(model, 20, rows=4, context=8, repeats=1)
     assert raw.sample_batch_tokens == tuple(range(4, 21))
+
+
+class _DenseTarget:
+    """The padded engine of before: every verify row computed to the longest (rows past n_new are garbage the
+    engine never reads, and it rolls the cache back to what it accepted)."""
+
+    def __init__(self, model: LeanModel) -> None:
+        self._model = model
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - plain delegation
+        return getattr(self._model, name)
+
+    def __call__(self, tokens, cache, slots, n_new=None, **kw):  # noqa: ANN001, ANN204
+        if kw.get("last_only"):
+            return self._model(tokens, cache, slots, n_new, **kw)
+        out = self._model(tokens, cache, slots, None, **kw)
+        assert out.pack is None
+        return out
+
+
+def test_sampled_generation_matches_the_padded_engine(tiny_target, tiny_tokenizer) -> None:
+    """Rejection sampling reads each row's packed logits: same seeds, same tokens as the padded layout."""
+    cfg = engine_config(block=8, max_requests=4, method="dspark")
+    cfg.spec.head = "markov"
+    cfg.spec.scheduler = "prefix"  # type: ignore[assignment]
+    sps = SpsTable.from_probes([(b, 1.0 / (1.0 + 0.08 * b)) for b in range(1, 37)], 36)
+    sp = SamplingParams(max_new_tokens=16, temperature=0.8, top_k=50, seed=7, ignore_eos=True)
+    outs = []
+    for target in (tiny_target, _DenseTarget(tiny_target)):
+        sched = build_verify_scheduler(cfg, tiny_target, sps=sps)
+        sched.learn_overhead = False  # no wall-clock input: both runs choose the same verify lengths
+        eng = Engine(cfg, target=target, tokenizer=tiny_tokenizer, scheduler=sched)  # type: ignore[arg-type]
+        outs.append([o.token_ids for o in eng.generate(PROMPTS[:6], sp).outputs])
+    assert outs[0] == outs[1] and all(len(t) == 16 for t in outs[0])
