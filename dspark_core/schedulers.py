@@ -93,7 +93,7 @@ class PrefixDecision:
     throughput: float  # Theta = tau* * SPS(B), expected tokens per second
 
 
-def prefix_schedule(rows: Confidences, sps: SpsTable, *, early_stop: bool = True, padded: bool = False,
+def prefix_schedule(rows: Confidences, sps: SpsTable, *, early_stop: bool = True,
                     overhead_s: float = 0.0) -> PrefixDecision:
     """Hardware-aware prefix scheduler (DSpark Algorithm 1).
 
@@ -103,13 +103,9 @@ def prefix_schedule(rows: Confidences, sps: SpsTable, *, early_stop: bool = True
     and returns the best prefix of the ranking (the retrospective search; not lossless, tests only).
     Batches above `sps.max_batch_tokens` are never built.
 
-    Engine adaptations: `overhead_s` adds a fixed per-round cost (drafting, bookkeeping) to the target
-    step, Theta = tau* / (1 / SPS(B) + overhead_s). `padded` is for engines that pad every request to the
-    longest verify row (ours does): a batch costs R * (depth + 1) tokens, so the candidates are whole
-    depths t = 1, 2, ... (every request verifies min(t, n_r) tokens; the padding makes the shallower
-    tokens free), admitted in order with the same early stop. Depth t's admission reads a_{r,t}, which
-    depends on x_{r,t-1} only, and the stop happens before any deeper survival is read, so it stays
-    non-anticipating (lossless).
+    Engine adaptation: `overhead_s` adds a fixed per-round cost (drafting, bookkeeping) to the target
+    step, Theta = tau* / (1 / SPS(B) + overhead_s). Batches are priced ragged (B = sum_r (l_r + 1)),
+    as SGLang and our engine verify them.
     """
     survival = prefix_survival(rows)
     n_req = len(survival)
@@ -118,22 +114,18 @@ def prefix_schedule(rows: Confidences, sps: SpsTable, *, early_stop: bool = True
     def rate(b: int) -> float:
         return 1.0 / (1.0 / sps.lookup(b) + overhead_s)
 
-    if padded:
-        return _padded_depths(survival, sps, rate, early_stop)
-
-    flat, longest = n_req, 0  # sum_r (1 + l_r), max_r l_r
+    flat = n_req  # sum_r (1 + l_r)
     tau = float(n_req)
     best = tau * rate(n_req)
     best_tau, best_batch = tau, n_req
     cur = [0] * n_req
     chosen = [0] * n_req
     for a, r, j in ranked_candidates(survival):
-        new_longest = max(longest, j + 1)
-        batch = n_req * (new_longest + 1) if padded else flat + 1
+        batch = flat + 1
         if batch > sps.max_batch_tokens:
             break
         cur[r] = j + 1
-        flat, longest = flat + 1, new_longest
+        flat = batch
         tau += a
         theta = tau * rate(batch)
         if theta > best:
@@ -142,26 +134,6 @@ def prefix_schedule(rows: Confidences, sps: SpsTable, *, early_stop: bool = True
         elif early_stop:
             break
     return PrefixDecision(chosen, best_batch, best_tau, best)
-
-
-def _padded_depths(survival: list[list[float]], sps: SpsTable, rate: object, early_stop: bool) -> PrefixDecision:
-    """Algorithm 1 over whole depths for a padded verify batch (see `prefix_schedule`)."""
-    n_req = len(survival)
-    tau = float(n_req)
-    best = tau * rate(n_req)  # type: ignore[operator]
-    best_t, best_tau = 0, tau
-    for t in range(1, max((len(r) for r in survival), default=0) + 1):
-        batch = n_req * (t + 1)
-        if batch > sps.max_batch_tokens:
-            break
-        tau += sum(row[t - 1] for row in survival if len(row) >= t)
-        theta = tau * rate(batch)  # type: ignore[operator]
-        if theta > best:
-            best, best_t, best_tau = theta, t, tau
-        elif early_stop:
-            break
-    lengths = [min(best_t, len(row)) for row in survival]
-    return PrefixDecision(lengths, n_req * (best_t + 1), best_tau, best)
 
 
 def topk_lengths(rows: Confidences, k: int) -> list[int]:
@@ -216,12 +188,11 @@ class PrefixScheduler:
 
     sps: SpsTable  # profiled cost table
     name: str = "prefix"
-    padded: bool = False  # price a batch as R * (longest verify row + 1) tokens (padded engines)
     overhead_s: float = 0.0  # fixed cost per round on top of the target step (seconds)
     last: PrefixDecision | None = None  # the latest decision, for stats
 
     def schedule(self, rows: Confidences) -> list[int]:
-        self.last = prefix_schedule(rows, self.sps, early_stop=True, padded=self.padded, overhead_s=self.overhead_s)
+        self.last = prefix_schedule(rows, self.sps, early_stop=True, overhead_s=self.overhead_s)
         return self.last.lengths
 
     def reset(self) -> None:
@@ -243,14 +214,13 @@ class AsyncTopKScheduler:
     sps: SpsTable  # profiled cost table
     lag: int = 2  # rounds between the confidences that size K and the round that uses K
     name: str = "async_topk"
-    padded: bool = False  # price a batch as R * (longest verify row + 1) tokens (padded engines)
     overhead_s: float = 0.0  # fixed cost per round on top of the target step (seconds)
     history: deque[list[list[float]]] = field(default_factory=deque)  # past confidences, oldest first
     last_capacity: int | None = None  # K used in the latest round (None = warm-up round)
 
     def capacity_from(self, rows: Confidences) -> int:
         """K = draft tokens admitted by the unconstrained search on `rows`."""
-        return sum(prefix_schedule(rows, self.sps, early_stop=False, padded=self.padded,
+        return sum(prefix_schedule(rows, self.sps, early_stop=False,
                                    overhead_s=self.overhead_s).lengths)
 
     def schedule(self, rows: Confidences) -> list[int]:
@@ -261,7 +231,7 @@ class AsyncTopKScheduler:
             lengths = topk_lengths(current, k)
             self.last_capacity = k
         else:
-            lengths = prefix_schedule(current, self.sps, early_stop=True, padded=self.padded,
+            lengths = prefix_schedule(current, self.sps, early_stop=True,
                                       overhead_s=self.overhead_s).lengths
             self.last_capacity = None
         self.history.append(current)

@@ -63,8 +63,7 @@ class EngineScheduler:
         conf = proposal.confidence.detach().float().cpu().tolist()
         rows = [row[:n] for row, n in zip(conf, nums, strict=True)]
         lengths = self.policy.schedule(rows)
-        padded = bool(getattr(self.policy, "padded", False))
-        self._batch = len(rows) * (max(lengths, default=0) + 1) if padded else sum(lengths) + len(rows)
+        self._batch = sum(lengths) + len(rows)  # ragged verify batch in tokens
         return lengths
 
     def observe(self, results: list[RoundResult]) -> None:
@@ -155,7 +154,6 @@ def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTabl
         sps = SpsTable.load(spec.sps_path) if spec.sps_path else \
             profile_target_sps(target, max_tokens, rows=config.batch.max_requests,
                                affine=target.device.type == "cpu")
-    # the round loop verifies ragged batches (model.py packs the real tokens), so the policies price a batch
-    # at sum(l_r + 1) tokens: their default, padded = False
+    # the round loop verifies ragged batches (model.py packs the real tokens): a batch costs sum(l_r + 1) tokens
     policy = make_scheduler(spec.scheduler, sps=sps, threshold=spec.confidence_threshold)
     return EngineScheduler(policy=policy, regulator=reg, max_verify=spec.max_verify_tokens)

@@ -133,7 +133,13 @@ def test_engine_schedulers_price_ragged_batches(tiny_target) -> None:
     cfg = engine_config(block=8, max_requests=4, method="dspark")
     cfg.spec.scheduler = "prefix"  # type: ignore[assignment]
     sched = build_verify_scheduler(cfg, tiny_target, sps=SpsTable.flat(36))
-    assert getattr(sched.policy, "padded", None) is False
+    import torch
+
+    from dspark_core.drafters.base import Proposal
+
+    conf = torch.tensor([[0.9, 0.9, 0.9], [0.9, 0.0, 0.0]])
+    lengths = sched.choose([], Proposal(tokens=torch.zeros(2, 3, dtype=torch.long), num=[3, 1], confidence=conf))
+    assert sched._batch == sum(lengths) + 2  # ragged: each row pays its own verify length + 1, no padding
     assert ragged_rows(10, 4) == [3, 3, 2, 2] and ragged_rows(2, 4) == [1, 1, 1, 1]
 
 

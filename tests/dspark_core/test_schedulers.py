@@ -130,25 +130,13 @@ def test_make_scheduler_validates() -> None:
         make_scheduler("threshold", threshold=2.0)
 
 
-def test_padded_batches_and_round_overhead() -> None:
+def test_ragged_pricing_and_round_overhead() -> None:
     sps = SpsTable.from_probes([(1, 100.0), (2, 90.0), (4, 50.0), (6, 45.0)], 64)
     rows = [[0.9, 0.9], [0.5]]
-    # flat pricing: B = 2 + admitted; padded: B = 2 * (longest + 1)
+    # ragged pricing: B = 2 + admitted tokens
     flat = prefix_schedule(rows, sps)
-    padded = prefix_schedule(rows, sps, padded=True)
     assert flat.lengths == [1, 0] and flat.batch_tokens == 3  # 2.9 * SPS(3) = 261 > 2 * SPS(2) = 180
-    assert padded.lengths == [0, 0] and padded.batch_tokens == 2  # padded, that token costs B = 4: 145 < 180
     # a large fixed per-round cost makes every extra token nearly free: verify everything
     heavy = prefix_schedule(rows, sps, overhead_s=1.0)
     assert heavy.lengths == [2, 1]
     assert heavy.throughput == pytest.approx((1 + 0.9 + 0.81 + 1 + 0.5) / (1 / 50.0 + 1.0))  # B = 5: SPS(4)
-
-
-def test_padded_mode_admits_whole_depths_with_the_early_stop() -> None:
-    sps = SpsTable.from_probes([(1, 100.0), (4, 80.0), (6, 75.0), (8, 40.0)], 64)
-    rows = [[0.9, 0.9, 0.9], [0.2]]
-    d = prefix_schedule(rows, sps, padded=True)
-    # depth 1: B = 4, tau = 2 + 0.9 + 0.2 -> 248 > 2 * SPS(2) = 200; depth 2: B = 6, + 0.81 -> 293;
-    # depth 3: B = 8, + 0.729 -> 185 < 293: stop at depth 2; request 1 has only one token
-    assert d.lengths == [2, 1] and d.batch_tokens == 6
-    assert d.throughput == pytest.approx((2 + 0.9 + 0.2 + 0.81) * 75.0)

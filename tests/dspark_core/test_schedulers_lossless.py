@@ -109,9 +109,9 @@ def _simulate(scheduler_name: str, n: int, seed: int) -> tuple[Counter, Counter]
     if scheduler_name == "prefix_without_early_stop":
         def schedule(rows: list[list[float]]) -> list[int]:
             return prefix_schedule(rows, WORLD_SPS, early_stop=False).lengths
-    elif scheduler_name == "prefix_padded":  # the engine's depth-wise variant, with a per-round overhead
+    elif scheduler_name == "prefix_overhead":  # the engine's variant: a per-round overhead on every step
         def schedule(rows: list[list[float]]) -> list[int]:
-            return prefix_schedule(rows, WORLD_SPS, padded=True, overhead_s=0.3).lengths
+            return prefix_schedule(rows, WORLD_SPS, overhead_s=0.3).lengths
     else:
         schedule = make_scheduler(scheduler_name, sps=WORLD_SPS, threshold=0.4).schedule
     rng = random.Random(seed)
@@ -163,7 +163,7 @@ def _worst_deviation(name: str, n: int) -> tuple[float, str]:
     return worst, where
 
 
-@pytest.mark.parametrize("name", ["verify_all", "threshold", "prefix", "async_topk", "prefix_padded"])
+@pytest.mark.parametrize("name", ["verify_all", "threshold", "prefix", "async_topk", "prefix_overhead"])
 def test_sampled_outputs_follow_the_target_with_two_requests(name: str) -> None:
     z, where = _worst_deviation(name, 20_000)
     assert z < 4.5, f"{name}: {where}"
