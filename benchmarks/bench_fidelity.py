@@ -144,7 +144,7 @@ def predict(b: Bench, params: dict[str, Any], calib: dict[str, Any], lengths: li
     eff = Efficiency(**calib["efficiency"])
     perf = perf_model(b, eff)
     acc = accept_model(params["spec.head"], calib)
-    runs = [simulate(params, b.profile, perf, acc, requests=lengths, padded=True, seed=s) for s in range(seeds)]
+    runs = [simulate(params, b.profile, perf, acc, requests=lengths, bundled=True, seed=s) for s in range(seeds)]
     return {"throughput": float(np.mean([r.throughput for r in runs])), "tau": float(np.mean([r.tau for r in runs])),
             "host_rounds": float(np.mean([r.extra["host_rounds"] for r in runs])),
             "host_request_rounds": float(np.mean([r.extra["host_request_rounds"] for r in runs])),

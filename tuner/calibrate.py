@@ -84,11 +84,11 @@ class _TimedTarget:
     def __call__(self, tokens, cache, slots, n_new=None, **kw):
         import time
 
-        b, t = tokens.shape  # [B, T] padded rows: the forward computes all B * T positions
-        ctx = float(cache.lens[slots].float().max()) + t / 2
+        b, t = tokens.shape  # [B, T] rows padded past n_new: token-wise work runs on the real tokens only
+        ctx = float(cache.lens[slots].float().max()) + t / 2  # attention stays padded to the longest row
         t0 = time.perf_counter()
         out = self._model(tokens, cache, slots, n_new, **kw)
-        self._log.append((b * t, ctx, b, time.perf_counter() - t0))
+        self._log.append((sum(n_new) if n_new is not None else b * t, ctx, b, time.perf_counter() - t0))
         return out
 
 

@@ -93,14 +93,15 @@ def offline_requests(lengths: list[tuple[int, int]]) -> list[Request]:
 
 def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: AcceptanceModel,
              n_requests: int = 48, seed: int = 0, requests: list[tuple[int, int]] | None = None,
-             padded: bool = False) -> SimResult:
+             bundled: bool = False) -> SimResult:
     """Run the workload through the modelled engine with `params` (dotted names, defaults filled).
 
     `requests`: an explicit offline list of (prompt, output) token counts, all arriving at t = 0,
     instead of the profile's workload (the fidelity benchmark replays exactly the measured batch).
-    `padded`: model an engine that pads batched rows to the longest one (the bundled dspark_core
-    engine: prefill at the longest prompt, verify at the longest verify length, attention over the
-    longest context) and caps each request's block at its remaining tokens, as dspark_core does.
+    `bundled`: model the bundled dspark_core engine rather than SGLang: token-wise work is ragged (prefill
+    and verify cost the real tokens) but attention is padded to the longest row's context; each request's
+    block is capped at its remaining tokens; and the prefix schedulers count the round's fixed costs
+    (host bookkeeping and drafting) as the engine's measured per-round overhead does.
     """
     rng = np.random.default_rng(seed)
     if requests is not None:
@@ -157,12 +158,10 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
             pending.remove(r)
         if admitted:  # prefill first, chunked by the token budget
             total = sum(r.prompt for r in admitted)
-            if padded:
-                longest = max(r.prompt for r in admitted)
-                total = longest * len(admitted)
+            longest = max(r.prompt for r in admitted)
             while total > 0:
                 step = min(total, chunk)
-                t += perf.step(step, (longest if padded else ctx0) / 2, len(admitted)).seconds
+                t += perf.step(step, (longest if bundled else ctx0) / 2, len(admitted)).seconds
                 total -= step
             t += round_s + round_req_s * len(admitted)
             host_rounds, host_req_rounds = host_rounds + 1, host_req_rounds + len(admitted)
@@ -171,25 +170,26 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
             running += admitted
         live = [r for r in running if r.generated < r.output]
         if live:
-            ctx = float((max if padded else np.mean)([r.prompt + r.generated for r in live]))
+            ctx = float((max if bundled else np.mean)([r.prompt + r.generated for r in live]))
             gains = [1] * len(live)
             t += round_s + round_req_s * len(live)
             host_rounds, host_req_rounds = host_rounds + 1, host_req_rounds + len(live)
             if spec_on:
                 gammas = [regulator.gamma_for(r.rid) for r in live]
-                if padded:
+                if bundled:
                     gammas = [max(0, min(g, r.output - r.generated - 1)) for g, r in zip(gammas, live, strict=True)]
                 conf, acc = accept.draw(rng, len(live), gamma)
                 rows = [list(conf[i, :g]) for i, g in enumerate(gammas)]
+                drafting = sum(1 for g in gammas if g > 0)
+                draft_s = perf.draft_step(drafting, gamma, ctx, int(params["spec.draft_layers"]), params["spec.head"],
+                                          int(params["spec.markov_rank"])) if drafting else 0.0
+                if bundled and hasattr(scheduler, "overhead_s"):  # the engine times its rounds' fixed costs
+                    scheduler.overhead_s = round_s + round_req_s * len(live) + draft_s
                 lengths = [min(cap_verify, n, g) for n, g in zip(scheduler.schedule(rows), gammas, strict=True)]
                 while sum(lengths) + len(live) > max_tokens and max(lengths) > 0:
                     lengths[lengths.index(max(lengths))] -= 1
-                drafting = sum(1 for g in gammas if g > 0)
-                if drafting:
-                    t += perf.draft_step(drafting, gamma, ctx, int(params["spec.draft_layers"]),
-                                         params["spec.head"], int(params["spec.markov_rank"]))
                 tokens = sum(lengths) + len(live)
-                t += perf.step(len(live) * (max(lengths) + 1) if padded else tokens, ctx, len(live)).seconds
+                t += draft_s + perf.step(tokens, ctx, len(live)).seconds
                 verify_total += tokens
                 for i, (r, n) in enumerate(zip(live, lengths, strict=True)):
                     ok = 0

@@ -39,7 +39,7 @@ def test_offline_replay_is_exact_workload(bench):
     perf = PerfModel(bench.shape, bench.hw, Efficiency(round_s=1e-3), weights_dtype="fp32", kv_dtype="fp32")
     lengths = [(30, 5), (50, 9)]
     res = simulate(bench.params(batch__max_requests=1), bench.profile, perf,
-                   AcceptanceModel(0.5, 1.0, 3.0, "test"), requests=lengths, padded=True)
+                   AcceptanceModel(0.5, 1.0, 3.0, "test"), requests=lengths, bundled=True)
     assert res.requests == 2
     # one request at a time: prefill + (output - 1) rounds each, all charged the host overhead
     assert res.extra["host_rounds"] == 2 + 4 + 8
