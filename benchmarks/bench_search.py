@@ -48,7 +48,8 @@ CASES: list[tuple[str, str, str]] = [  # (model, GPU, workload preset) as `profi
 # Every parameter the simulator reads (checked on every evaluation: reading another one raises).
 SENSITIVE: tuple[str, ...] = (
     "spec.enabled", "spec.block_size", "spec.head", "spec.scheduler", "spec.confidence_threshold",
-    "spec.max_verify_tokens", "spec.fallback_acceptance", "spec.draft_layers", "spec.markov_rank",
+    "spec.max_verify_tokens", "spec.fallback_acceptance", "spec.adaptive_gamma", "spec.draft_layers",
+    "spec.markov_rank",
     "batch.max_requests", "batch.max_tokens", "batch.chunked_prefill", "batch.timeout_ms",
     "batch.cuda_graph_max_bs", "memory.fraction_static", "kv.dtype", "weights.dtype", "parallel.tp",
 )
@@ -78,6 +79,7 @@ POLISH: dict[str, list[Any]] = {
     "spec.confidence_threshold": [0.1, 0.3, 0.5, 0.7, 0.9],
     "spec.max_verify_tokens": [2, 4, 6, 8, 12, 16],
     "spec.fallback_acceptance": [0.0, 0.3, 0.6],
+    "spec.adaptive_gamma": [False, True],
     "spec.draft_layers": [1, 2, 3, 4, 5, 6, 8],
     "batch.max_requests": [1, 2, 4, 6, 8, 12, 16, 24, 32, 64, 256],
     "batch.max_tokens": [256, 1024, 4096, 16384, 65536],

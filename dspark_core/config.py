@@ -51,6 +51,7 @@ class SpecSection(_Section):
     confidence_threshold: float = Field(0.5, ge=0.0, le=1.0)  # threshold scheduler: min prefix survival
     max_verify_tokens: int = Field(16, ge=1, le=16)  # cap on verified draft tokens per request and round
     fallback_acceptance: float = Field(0.0, ge=0.0, le=1.0)  # rolling acceptance floor for plain fallback
+    adaptive_gamma: bool = False  # regulator moves each request's block within [1, block_size] by its acceptance
     draft_layers: int = Field(2, ge=1, le=8)  # transformer layers in the parallel draft backbone
     markov_rank: int = Field(256, ge=16, le=1024)  # rank r of the Markov head's bigram bias
     draft_kv_dtype: Literal["auto", "bf16", "fp8"] = "auto"  # dtype of the drafter's context KV

@@ -278,10 +278,11 @@ def _install_kernel_configs(config: EngineConfig, device: torch.device) -> None:
 
 
 def build_scheduler(config: EngineConfig, target: LeanModel) -> VerifyScheduler:
-    """`verify_all` here; other names come from part 2's `dspark_core.schedulers.build_verify_scheduler`."""
-    name = config.spec.scheduler
-    if name == "verify_all":
-        return VerifyAll()
+    """Plain `verify_all` here; schedulers with confidence ranking, adaptive gamma or the plain-decoding fallback
+    come from part 2's `dspark_core.schedulers.build_verify_scheduler`."""
+    name, spec = config.spec.scheduler, config.spec
+    if name == "verify_all" and not spec.adaptive_gamma and spec.fallback_acceptance == 0.0:
+        return VerifyAll()  # nothing to regulate: every request drafts and verifies the full block
     try:
         from dspark_core.schedulers import build_verify_scheduler  # type: ignore[attr-defined]
     except ImportError:

@@ -147,7 +147,7 @@ def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTabl
                            ) -> EngineScheduler:
     """The engine's scheduler for `config.spec` (entry point used by engine.build_scheduler)."""
     spec = config.spec
-    reg = GammaRegulator(RegulatorConfig(gamma_min=1, gamma_max=spec.block_size, adaptive=False,
+    reg = GammaRegulator(RegulatorConfig(gamma_min=1, gamma_max=spec.block_size, adaptive=spec.adaptive_gamma,
                                          fallback_floor=spec.fallback_acceptance))
     if sps is None and spec.scheduler in ("prefix", "async_topk"):
         max_tokens = config.batch.max_requests * (min(spec.block_size, spec.max_verify_tokens) + 1)

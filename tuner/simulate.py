@@ -115,15 +115,17 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
     max_tokens = int(params["batch.max_tokens"])
     chunk = int(params.get("batch.chunked_prefill") or 0) or max_tokens
     kv_cap = perf.kv_capacity_tokens(float(params["memory.fraction_static"]))
-    if kv_cap < max(r.prompt + r.output for r in reqs[:4]):
+    longest = max(r.prompt + r.output for r in reqs)
+    if kv_cap < longest:  # that request could never be admitted, even into an empty pool
         return SimResult(0.0, 1e9, 1e9, 1e9, 0.0, 0.0, 0, False,
-                         f"weights leave {kv_cap:,.0f} KV tokens: not enough for one request")
+                         f"weights leave {kv_cap:,.0f} KV tokens: not enough for a {longest:,}-token request")
     ctx0 = float(np.mean([r.prompt for r in reqs]))
     budget = min(max_tokens, max_req * (gamma + 1))
     sps = sps_table(perf, max(2, budget), ctx0, max_req)
     scheduler = make_scheduler(params["spec.scheduler"], sps=sps, threshold=float(params["spec.confidence_threshold"]))
-    regulator = GammaRegulator(RegulatorConfig(gamma_max=max(1, gamma), fallback_floor=float(
-        params["spec.fallback_acceptance"])))
+    adaptive = bool(params.get("spec.adaptive_gamma"))
+    regulator = GammaRegulator(RegulatorConfig(gamma_max=max(1, gamma), adaptive=adaptive,
+                                               fallback_floor=float(params["spec.fallback_acceptance"])))
     cap_verify = int(params["spec.max_verify_tokens"])
     timeout = float(params.get("batch.timeout_ms") or 0.0) / 1000.0
 

@@ -53,3 +53,13 @@ def test_committed_drafter_sampling_is_reproducible(tiny_target, tiny_tokenizer)
     runs = [[o.token_ids for o in Engine(cfg, target=tiny_target, tokenizer=tiny_tokenizer)
              .generate(PROMPTS[:2], sp).outputs] for _ in range(2)]
     assert runs[0] == runs[1] and all(len(t) == 16 for t in runs[0])
+
+
+def test_adaptive_gamma_moves_blocks_and_stays_lossless(plain, tiny_target, tiny_tokenizer) -> None:
+    fixed, adaptive = (engine_config(block=12, max_requests=3, method="dspark") for _ in range(2))
+    adaptive.spec.adaptive_gamma = True
+    gens = [Engine(c, target=tiny_target, tokenizer=tiny_tokenizer).generate(PROMPTS, SP) for c in (fixed, adaptive)]
+    assert all([o.token_ids for o in g.outputs] == plain for g in gens)
+    # the regulator shrinks blocks whose tail is rejected: fewer tokens proposed per speculative round
+    per_round = [g.stats.proposed / g.stats.rounds for g in gens]
+    assert per_round[1] < per_round[0]
