@@ -389,6 +389,12 @@ def run_case(args: tuple) -> CaseResult:
         max(case.scorer.memo.values()))
 
 
+def _case_line(r: CaseResult, opts: argparse.Namespace) -> str:
+    """One line per finished case, so a long run shows its results as they come."""
+    return (f"{r.name}: optimum {r.optimum.value:,.0f}, inside rules {r.rule_space_best / r.optimum.value:.3f}; "
+            f"trials to {opts.target:g}: rules {r.rule_hits}, default {r.default_hits} ({r.seconds:.0f} s)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=0,
@@ -415,11 +421,13 @@ def main(argv: list[str] | None = None) -> int:
             for w in work:
                 r = run_case(w)
                 results[r.name] = r
+                bar.console.print(_case_line(r, opts))
                 bar.advance(task)
         else:
             with get_context("spawn").Pool(min(opts.jobs, len(work))) as pool:
                 for r in pool.imap_unordered(run_case, work):
                     results[r.name] = r
+                    bar.console.print(_case_line(r, opts))
                     bar.advance(task)
     ordered = [results[f"{m} / {g} / {w}"] for (m, g, w), *_ in work]
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
