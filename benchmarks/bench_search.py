@@ -10,8 +10,9 @@ For each (model, GPU, workload) case:
 3. Reference optimum: an exhaustive grid over the simulator's main parameters (GRID below, full registry
    domains) followed by coordinate polish passes over every parameter the simulator reads (POLISH below),
    until a pass improves nothing.
-4. Rule-guided search: TPE with the tuner's own settings (`tuner.study.make_sampler`) over the plan's space,
-   the rules' preferred values enqueued as trial 0. Default search: `TPESampler(seed=s)` with Optuna's
+4. Rule-guided search: what `tune` does over the plan's space: the rules' preferred point as trial 0, the
+   coordinate screen of the main knobs (`tuner.design.screen`), then TPE with the tuner's own settings
+   (`tuner.study.make_sampler`). Default search: `TPESampler(seed=s)` with Optuna's
    default settings (what `optuna.create_study()` uses) over the unrestricted space, no warm start.
 5. Trials until the best score so far reaches `--target` x the optimum, per seed; median over seeds.
 
@@ -292,8 +293,6 @@ def search_curve(case: Case, method: str, seed: int, n_trials: int, stop_at: flo
     if method == "rules":
         space = case.rule_space
         study = optuna.create_study(direction="maximize", sampler=make_sampler(seed))
-        if space.warm_start:
-            study.enqueue_trial(space.warm_start)
     elif method == "default":
         space = case.free_space
         study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
@@ -308,7 +307,13 @@ def search_curve(case: Case, method: str, seed: int, n_trials: int, stop_at: flo
             study.stop()
         return v
 
-    study.optimize(objective, n_trials=n_trials)
+    if method == "rules":  # the tuner's own start: rules' preferred point, then the coordinate screen
+        from tuner.design import screen
+
+        screen(study, space, objective, n_trials, lambda t: t.value,
+               done=lambda: stop_at is not None and best[-1] >= stop_at)
+    if len(best) < n_trials and not (stop_at is not None and best[-1] >= stop_at):
+        study.optimize(objective, n_trials=n_trials - len(best))
     return best
 
 

@@ -64,9 +64,11 @@ def render(results: list[CaseResult], opts: argparse.Namespace, cmd: str, wall: 
         "parameters of the spaces are not read by the simulator (checked on every evaluation), so they are not "
         "gridded.",
         "",
-        f"Rule-guided: TPE with the tuner's settings (`tuner.study.make_sampler`: multivariate, 8 start-up trials) "
-        f"over `space_from_plan(plan)` with the rules' preferred values enqueued as trial 0, cap {opts.rule_cap} "
-        f"trials. Default: `TPESampler(seed=s)` with Optuna's default settings (the sampler `optuna.create_study()` "
+        f"Rule-guided: what `tune` runs over `space_from_plan(plan)`: the rules' preferred point as trial 0, the "
+        f"coordinate screen of the main knobs from the best point so far (`tuner.design.screen`; deterministic, "
+        f"so it is the same for every seed), then TPE with the tuner's settings (`tuner.study.make_sampler`: "
+        f"multivariate, 8 start-up trials), cap {opts.rule_cap} trials. "
+        f"Default: `TPESampler(seed=s)` with Optuna's default settings (the sampler `optuna.create_study()` "
         f"uses) over `unrestricted_space(plan)` plus every other parameter the simulator reads, on its full "
         f"registry domain, no warm start, cap {opts.default_cap} trials. Trials = trials until the best score so "
         f"far reaches {pct} of the optimum; median over seeds {list(opts.seeds)} (a miss counts as beyond the "

@@ -114,8 +114,10 @@ def open_study(db_url: str, name: str, spec: StudySpec | None):  # -> optuna.Stu
     study = optuna.create_study(study_name=name, storage=st, directions=directions(spec.objectives))
     study.set_user_attr(SPEC_ATTR, spec.model_dump(mode="json"))
     space = spec.space()
-    if space.warm_start:
-        study.enqueue_trial(space.warm_start, skip_if_exists=True)
+    if space.distributions:
+        from tuner.design import start_point
+
+        study.enqueue_trial(start_point(space), skip_if_exists=True)  # trial 0: the rules' preferred point
     return study
 
 
@@ -158,8 +160,22 @@ def run_worker(db_url: str, name: str, n_trials: int, worker: int = 0, timeout: 
     evaluator = make_evaluator(spec)
     if not space.distributions:
         n_trials = min(n_trials, 1)  # nothing to search: one evaluation of the fixed plan
-    study.optimize(objective_fn(space, evaluator, spec), n_trials=n_trials, timeout=timeout,
-                   callbacks=[callback] if callback else None, catch=())
+    objective = objective_fn(space, evaluator, spec)
+    callbacks = [callback] if callback else None
+    if worker == 0 and space.distributions and not completed(study):  # a fresh study: screen first
+        from tuner.design import screen
+
+        sign = 1 if OBJECTIVES[spec.objectives[0]][1] == "maximize" else -1  # rank by the first objective
+
+        def score(t) -> float:
+            feasible = all(v <= 0 for v in t.constraints.values())
+            return sign * t.values[0] if feasible and t.values else -float("inf")
+
+        t0 = time.time()
+        n_trials -= screen(study, space, objective, n_trials, score, callbacks)
+        timeout = None if timeout is None else max(0.0, timeout - (time.time() - t0))
+    if n_trials > 0 and (timeout is None or timeout > 0):
+        study.optimize(objective, n_trials=n_trials, timeout=timeout, callbacks=callbacks, catch=())
     del optuna
 
 
