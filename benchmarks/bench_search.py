@@ -311,8 +311,8 @@ def search_curve(case: Case, method: str, seed: int, n_trials: int, stop_at: flo
         from tuner.design import screen
 
         screen(study, space, objective, n_trials, lambda t: t.value,
-               done=lambda: stop_at is not None and best[-1] >= stop_at)
-    if len(best) < n_trials and not (stop_at is not None and best[-1] >= stop_at):
+               done=lambda: stop_at is not None and bool(best) and best[-1] >= stop_at)
+    if len(best) < n_trials and not (stop_at is not None and best and best[-1] >= stop_at):
         study.optimize(objective, n_trials=n_trials - len(best))
     return best
 

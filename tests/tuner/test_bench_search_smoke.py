@@ -78,6 +78,7 @@ def test_tiny_grid_optimum_and_both_searches(bench, case):
     for method in ("rules", "default"):
         curve = bench.search_curve(case, method, seed=0, n_trials=3)
         assert len(curve) == 3 and curve == sorted(curve)
+    assert len(bench.search_curve(case, "default", seed=0, n_trials=2, stop_at=1e12)) == 2  # never reached
     stopped = bench.search_curve(case, "rules", seed=0, n_trials=5, stop_at=0.0)
     assert len(stopped) == 1  # the warm start already reaches a target of 0
 
