@@ -36,13 +36,14 @@ def _center(d: Any, default: Any) -> Any:
 
 
 def _moves(d: Any, base: Any) -> list[Any]:
-    """Values to try instead of `base`: other choices; range ends (and log-spaced middles on a log range)."""
+    """Values to try instead of `base`: other choices; a range's ends and the midpoints between them and
+    `base` (log-spaced middles on a wide log range)."""
     if hasattr(d, "choices"):
         return [c for c in d.choices if c != base]
     lo, hi = d.low, d.high
-    vals = [lo, hi]
+    vals = [lo, hi, (lo + base) / 2, (base + hi) / 2]
     if getattr(d, "log", False) and lo > 0 and hi / lo > 16:
-        vals += [lo * (hi / lo) ** f for f in (0.25, 0.5, 0.75)]
+        vals = [lo, hi] + [lo * (hi / lo) ** f for f in (0.25, 0.5, 0.75)]
     if isinstance(lo, int):
         vals = [int(round(v)) for v in vals]
     return sorted({v for v in vals if v != base})
@@ -75,14 +76,19 @@ def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budg
         return 0
     waiting = any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False))
     best_p, best_v = start_point(space), run(None if waiting else start_point(space))
-    used = 1
-    for name in (n for n in SCREEN if n in space.distributions):
-        for v in _moves(space.distributions[name], best_p[name]):
-            if used >= budget or (done is not None and done()):
-                return used
-            p = {**best_p, name: v}
-            x = run(p)
-            used += 1
-            if x > best_v:
-                best_p, best_v = p, x
+    seen, used, improved = {tuple(sorted(best_p.items()))}, 1, True
+    while improved:  # passes until one improves nothing: knobs interact (a new TP moves the best batch size)
+        improved = False
+        for name in (n for n in SCREEN if n in space.distributions):
+            for v in _moves(space.distributions[name], best_p[name]):
+                p = {**best_p, name: v}
+                if tuple(sorted(p.items())) in seen:
+                    continue
+                if used >= budget or (done is not None and done()):
+                    return used
+                seen.add(tuple(sorted(p.items())))
+                x = run(p)
+                used += 1
+                if x > best_v:
+                    best_p, best_v, improved = p, x, True
     return used
