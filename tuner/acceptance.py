@@ -65,7 +65,7 @@ class AcceptanceModel:
     decay: float  # alpha_{k+1} / alpha_k
     kappa: float  # Beta concentration of the latent survival probability (higher = less spread)
     source: str  # "measured: ..." or "prior: ..."
-    table: tuple[float, ...] = ()  # measured per-position conditional acceptance (overrides first/decay)
+    table: tuple[float, ...] = ()  # per-position conditional acceptance (overrides first; decay continues it)
 
     def alphas(self, gamma: int) -> list[float]:
         if self.table:
@@ -121,7 +121,9 @@ def depth_ratio(domain: str, layers: int | None) -> float:
     fig = _priors().get("depth") or {}
     if layers is None or layers >= 5 or "dspark_5_layer" not in fig:
         return 1.0
-    cols = {d: [i for i, c in enumerate(fig["columns"]) if c in (_priors().get("domain_map") or {}).get(d, [])]
+    names = _priors().get("domain_map") or {}
+    # Figure 3 labels Arena-Hard v2 ("arena_hard_v2"); Table 1 and the domain map say "arena_hard"
+    cols = {d: [i for i, c in enumerate(fig["columns"]) if c.removesuffix("_v2") in names.get(d, [])]
             for d in DOMAINS}
     idx = cols.get(domain) or [i for d in DOMAINS for i in cols[d]]
     depth = {n: float(np.mean([fig[f"dspark_{n}_layer"][i] for i in idx])) for n in (1, 2, 5)}

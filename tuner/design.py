@@ -75,7 +75,8 @@ def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budg
     if budget <= 0:
         return 0
     waiting = any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False))
-    best_p, best_v = start_point(space), run(None if waiting else start_point(space))
+    best_p = start_point(space)
+    best_v = run(None if waiting else best_p)
     seen, used, improved = {tuple(sorted(best_p.items()))}, 1, True
     while improved:  # passes until one improves nothing: knobs interact (a new TP moves the best batch size)
         improved = False

@@ -115,10 +115,10 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
     max_tokens = int(params["batch.max_tokens"])
     chunk = int(params.get("batch.chunked_prefill") or 0) or max_tokens
     kv_cap = perf.kv_capacity_tokens(float(params["memory.fraction_static"]))
-    longest = max(r.prompt + r.output for r in reqs)
-    if kv_cap < longest:  # that request could never be admitted, even into an empty pool
+    largest = max(r.prompt + r.output for r in reqs)
+    if kv_cap < largest:  # that request could never be admitted, even into an empty pool
         return SimResult(0.0, 1e9, 1e9, 1e9, 0.0, 0.0, 0, False,
-                         f"weights leave {kv_cap:,.0f} KV tokens: not enough for a {longest:,}-token request")
+                         f"weights leave {kv_cap:,.0f} KV tokens: not enough for a {largest:,}-token request")
     ctx0 = float(np.mean([r.prompt for r in reqs]))
     budget = min(max_tokens, max_req * (gamma + 1))
     sps = sps_table(perf, max(2, budget), ctx0, max_req)

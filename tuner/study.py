@@ -165,14 +165,8 @@ def run_worker(db_url: str, name: str, n_trials: int, worker: int = 0, timeout: 
     if worker == 0 and space.distributions and not completed(study):  # a fresh study: screen first
         from tuner.design import screen
 
-        sign = 1 if OBJECTIVES[spec.objectives[0]][1] == "maximize" else -1  # rank by the first objective
-
-        def score(t) -> float:
-            feasible = all(v <= 0 for v in t.constraints.values())
-            return sign * t.values[0] if feasible and t.values else -float("inf")
-
         t0 = time.time()
-        n_trials -= screen(study, space, objective, n_trials, score, callbacks)
+        n_trials -= screen(study, space, objective, n_trials, lambda t: trial_score(t, spec), callbacks)
         timeout = None if timeout is None else max(0.0, timeout - (time.time() - t0))
     if n_trials > 0 and (timeout is None or timeout > 0):
         study.optimize(objective, n_trials=n_trials, timeout=timeout, callbacks=callbacks, catch=())
@@ -253,11 +247,17 @@ def feasible_trials(study) -> list[Any]:
     return out
 
 
+def trial_score(t, spec: StudySpec) -> float:
+    """The first objective oriented so that higher is better; -inf when the trial breaks a constraint
+    (infeasible configuration or an SLO miss). Ranks trials for the screen and for the export."""
+    if not t.values or any(v > 0 for v in t.constraints.values()):
+        return -float("inf")
+    return (1 if OBJECTIVES[spec.objectives[0]][1] == "maximize" else -1) * t.values[0]
+
+
 def best_trial(study, spec: StudySpec):  # -> FrozenTrial | None
     """The exported trial: highest first objective among the SLO-feasible Pareto front."""
     ok = feasible_trials(study)
     if not ok:
         return None
-    first = spec.objectives[0]
-    sign = 1 if OBJECTIVES[first][1] == "maximize" else -1
-    return max(ok, key=lambda t: (sign * t.values[0], -t.number))
+    return max(ok, key=lambda t: (trial_score(t, spec), -t.number))
