@@ -22,6 +22,8 @@ from profiler.schema import Profile
 from tuner.acceptance import AcceptanceModel
 from tuner.perf import PerfModel
 
+STEADY_MIN = 0.25  # a closed loop's steady window must span this share of the run, else tokens / makespan
+
 
 @dataclass
 class Request:
@@ -136,9 +138,12 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
         ramp = float(np.mean([r.output for r in reqs])) * perf.step(closed, ctx0, closed).seconds
         for r, start in zip(pending, sorted(rng.uniform(0.0, ramp, len(pending))), strict=True):
             r.arrival = float(start)
+    ramp_end = max((r.arrival for r in pending), default=0.0) if closed else 0.0
     running: list[Request] = []
     done: list[Request] = []
-    t, rounds, spec_rounds, gained_spec, verify_total = 0.0, 0, 0, 0, 0
+    window: list[tuple[float, int]] = []  # closed loop: (t, tokens committed) when all clients are busy, and when
+    # the backlog runs out (the steady state lies between: before, clients ramp up; after, the loop drains)
+    t, rounds, spec_rounds, gained_spec, verify_total, committed = 0.0, 0, 0, 0, 0, 0
     host_rounds, host_req_rounds = 0, 0  # engine iterations (prefills + rounds) and their request count
     while len(done) < len(reqs):
         arrived = [r for r in pending if r.arrival <= t]
@@ -169,6 +174,7 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
             host_rounds, host_req_rounds = host_rounds + 1, host_req_rounds + len(admitted)
             for r in admitted:
                 r.first_token, r.generated = t, 1
+            committed += len(admitted)
             running += admitted
         live = [r for r in running if r.generated < r.output]
         if live:
@@ -207,6 +213,7 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
                 verify_total += len(live)
             rounds += 1
             for r, g in zip(live, gains, strict=True):
+                committed += min(r.output, r.generated + g) - r.generated
                 r.generated = min(r.output, r.generated + g)
         for r in [r for r in running if r.generated >= r.output]:
             r.finish = t
@@ -217,12 +224,21 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
                 nxt = backlog.popleft()
                 nxt.arrival = t
                 pending.append(nxt)
+        if closed and len(window) < 2 and (t >= ramp_end if not window else not backlog):
+            window.append((t, committed))
     out_tokens = sum(r.output for r in reqs)
     tpots = [(r.finish - r.first_token) / max(1, r.output - 1) * 1e3 for r in reqs]
     ttfts = [(r.first_token - r.arrival) * 1e3 for r in reqs]
+    throughput = out_tokens / t
+    (t0, c0), (t1, c1) = window if len(window) == 2 else ((0.0, 0), (t, out_tokens))
+    if t1 - t0 >= STEADY_MIN * t and c1 > c0:  # too few requests per client leave no steady state to read
+        throughput = (c1 - c0) / (t1 - t0)
+    else:
+        t0, t1 = 0.0, t
     return SimResult(
-        throughput=out_tokens / t / perf.tp, ttft_p99_ms=_p(ttfts, 99), tpot_p99_ms=_p(tpots, 99),
+        throughput=throughput / perf.tp, ttft_p99_ms=_p(ttfts, 99), tpot_p99_ms=_p(tpots, 99),
         tpot_mean_ms=float(np.mean(tpots)), tau=gained_spec / spec_rounds if spec_rounds else 1.0,
         verify_tokens_per_step=verify_total / max(1, rounds), requests=len(reqs),
-        extra={"makespan_s": t, "rounds": rounds, "acceptance_source": accept.source, "host_rounds": host_rounds,
+        extra={"makespan_s": t, "makespan_throughput": out_tokens / t / perf.tp, "steady_window_s": t1 - t0,
+               "rounds": rounds, "acceptance_source": accept.source, "host_rounds": host_rounds,
                "host_request_rounds": host_req_rounds})

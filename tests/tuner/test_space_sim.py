@@ -92,3 +92,31 @@ def test_kernel_knobs_take_declared_values_and_only_where_observable():
     for d in dists.values():
         assert all(v & (v - 1) == 0 for v in d.choices)  # powers of two only
     assert set(dists["kernel.rmsnorm.num_warps"].choices) <= {1, 2, 4, 8}
+
+
+def test_closed_loop_throughput_is_read_between_ramp_up_and_drain():
+    ev = SimulateEvaluator(profile())  # the tuner default: six requests per client of the closed loop
+    assert ev.n_requests == 6 * 16
+    base = space_from_plan(plan()).params_of({"spec.block_size": 7, "spec.scheduler": "prefix",
+                                              "batch.max_requests": 16})
+    m = ev.evaluate({**base, "spec.markov_rank": 256}, seed=0)
+    window, makespan = m.extra["steady_window_s"], m.extra["makespan_s"]
+    assert 0.4 * makespan < window < makespan
+    # the drain (fewer clients than the loop's width while the last requests finish) lowers tokens / makespan
+    assert m.metrics["throughput"] > m.extra["makespan_throughput"]
+    runs = [ev.evaluate({**base, "spec.markov_rank": 256}, seed=s) for s in range(6)]
+    steady = [r.metrics["throughput"] for r in runs]
+    whole = [r.extra["makespan_throughput"] for r in runs]
+    assert max(steady) / min(steady) < max(whole) / min(whole)  # the drain's stragglers no longer decide it
+
+
+def test_offline_batches_keep_tokens_over_makespan():
+    from tuner.acceptance import acceptance_for
+    from tuner.simulate import simulate
+
+    ev = SimulateEvaluator(profile())
+    base = space_from_plan(plan()).params_of({"spec.block_size": 7, "spec.scheduler": "prefix",
+                                              "batch.max_requests": 16})
+    params = {**base, "spec.markov_rank": 256}
+    r = simulate(params, profile(), ev.perf(params), acceptance_for(profile(), "markov"), requests=[(100, 50)] * 8)
+    assert r.throughput == r.extra["makespan_throughput"] == 8 * 50 / r.extra["makespan_s"]
