@@ -118,24 +118,26 @@ class Scorer:
     slo_tpot_ms: float | None
     slo_ttft_ms: float | None
     sim_seed: int = 0
-    memo: dict[tuple, float] = field(default_factory=dict)
+    memo: dict[tuple, tuple[float, dict[str, float]]] = field(default_factory=dict)
     calls: int = 0  # simulator runs (memo misses)
 
     def key(self, params: dict[str, Any]) -> tuple:
         return tuple(params.get(k) for k in SENSITIVE)
 
     def __call__(self, params: dict[str, Any]) -> float:
+        return self.evaluate(params)[0]
+
+    def evaluate(self, params: dict[str, Any]) -> tuple[float, dict[str, float]]:
+        """(score, the Optuna constraint values `tune` would record for this configuration)."""
+        from tuner.study import slo_constraints
+
         k = self.key(params)
         if k not in self.memo:
             self.calls += 1
             ev = self.evaluator.evaluate(_Recorder(params), seed=self.sim_seed)
-            m = ev.metrics
-            ok = ev.feasible and m.get("throughput", 0.0) > 0
-            if ok and self.slo_tpot_ms is not None and m["tpot_p99_ms"] > self.slo_tpot_ms:
-                ok = False
-            if ok and self.slo_ttft_ms is not None and m["ttft_p99_ms"] > self.slo_ttft_ms:
-                ok = False
-            self.memo[k] = float(m["throughput"]) if ok else 0.0
+            cons = slo_constraints(ev, self.slo_tpot_ms, self.slo_ttft_ms)
+            ok = ev.feasible and ev.metrics.get("throughput", 0.0) > 0 and all(v <= 0 for v in cons.values())
+            self.memo[k] = (float(ev.metrics["throughput"]) if ok else 0.0, cons)
         return self.memo[k]
 
 
@@ -300,8 +302,10 @@ def search_curve(case: Case, method: str, seed: int, n_trials: int, stop_at: flo
         raise ValueError(f"unknown method {method!r}")
     best: list[float] = []
 
-    def objective(trial) -> float:
-        v = case.scorer(space.suggest(trial))
+    def objective(trial) -> float:  # records the SLO constraints as `tune` does (TPE and the screen read them)
+        v, cons = case.scorer.evaluate(space.suggest(trial))
+        for key, c in cons.items():
+            trial.set_constraint(key, c)
         best.append(max(v, best[-1] if best else 0.0))
         if stop_at is not None and best[-1] >= stop_at:
             study.stop()
@@ -309,8 +313,9 @@ def search_curve(case: Case, method: str, seed: int, n_trials: int, stop_at: flo
 
     if method == "rules":  # the tuner's own start: rules' preferred point, then the coordinate screen
         from tuner.design import screen
+        from tuner.study import trial_rank
 
-        screen(study, space, objective, n_trials, lambda t: t.value,
+        screen(study, space, objective, n_trials, trial_rank,
                done=lambda: stop_at is not None and bool(best) and best[-1] >= stop_at)
     if len(best) < n_trials and not (stop_at is not None and best and best[-1] >= stop_at):
         study.optimize(objective, n_trials=n_trials - len(best))
@@ -391,7 +396,7 @@ def run_case(args: tuple) -> CaseResult:
         [c[-1] / opt.value if opt.value else 0.0 for c in rule_curves],
         [c[-1] / opt.value if opt.value else 0.0 for c in default_curves],
         case.scorer.calls, time.time() - t0, excluded_by_rules(case, opt.params), in_rules,
-        max(case.scorer.memo.values()))
+        max(v for v, _ in case.scorer.memo.values()))
 
 
 def _case_line(r: CaseResult, opts: argparse.Namespace) -> str:
@@ -403,14 +408,15 @@ def _case_line(r: CaseResult, opts: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=0,
-                    help="simulated requests per evaluation (0: the tuner's own default, 3 x the workload's "
-                         "concurrency within 48..256)")
+                    help="simulated requests per evaluation (0: the tuner's own default, 6 x the workload's "
+                         "concurrency within 48..384)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--rule-cap", type=int, default=60, help="max trials of the rule-guided search")
     ap.add_argument("--default-cap", type=int, default=150, help="max trials of the default sampler")
     ap.add_argument("--target", type=float, default=0.98, help="fraction of the optimum to reach")
     ap.add_argument("--jobs", type=int, default=2, help="cases run in parallel (processes)")
     ap.add_argument("--cases", type=int, default=len(CASES), help="run the first N cases")
+    ap.add_argument("--only", default="", help="run only cases whose 'model / gpu / workload' contains this")
     ap.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md")
     opts = ap.parse_args(argv)
     from multiprocessing import get_context
@@ -418,7 +424,11 @@ def main(argv: list[str] | None = None) -> int:
     from rich.progress import Progress
 
     t0 = time.time()
-    work = [(c, opts.requests, opts.seeds, opts.rule_cap, opts.default_cap, opts.target) for c in CASES[: opts.cases]]
+    work = [(c, opts.requests, opts.seeds, opts.rule_cap, opts.default_cap, opts.target) for c in CASES[: opts.cases]
+            if opts.only in " / ".join(c)]
+    if not work:
+        print(f"--only {opts.only!r} matches no case; cases: " + "; ".join(" / ".join(c) for c in CASES))
+        return 2
     results: dict[str, CaseResult] = {}
     with Progress() as bar:
         task = bar.add_task("cases", total=len(work))

@@ -48,7 +48,7 @@ def render(results: list[CaseResult], opts: argparse.Namespace, cmd: str, wall: 
         f"Command: `{cmd}` (commit {head}; {wall / 60:.1f} min wall, {opts.jobs} processes).",
         "",
         "Score = simulated output tokens/s per GPU (`tuner.objective.SimulateEvaluator`, "
-        f"{opts.requests or 'the tuner default of 3 x concurrency'} requests, simulation seed 0), "
+        f"{opts.requests or 'the tuner default of 6 x concurrency'} requests, simulation seed 0), "
         "**0 when the configuration is infeasible or misses the "
         "workload's p99 TPOT or TTFT SLO** (single objective; the product's tuner is multi-objective with SLO "
         "constraints). Every method shares one memoised scorer per case.",

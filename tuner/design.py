@@ -4,7 +4,9 @@ TPE models nothing until it has seen trials, and its random start-up trials spen
 corners the rules already advise against. The rules' preferred values are the best single guess, so the
 study starts there (trial 0, every searched parameter set) and then screens the main knobs one at a time
 from the best point so far (every other choice of a categorical knob, the ends and log-spaced middles of
-a range), keeping a move when it scores better. These trials also teach TPE which knobs matter before it
+a range), keeping a move when it scores better; when a pass improves nothing, range knobs take shorter
+steps (a pattern search). Trials that miss an SLO are ranked by how far they miss, so a start point that
+misses can walk towards one that meets them. These trials also teach TPE which knobs matter before it
 samples on its own. Only the knobs DESIGN.md section 3 puts first are screened; the rest stay at the
 preferred point until TPE moves them. Measured effect: `python benchmarks/bench_search.py`.
 """
@@ -17,8 +19,10 @@ from typing import Any
 
 from tuner.space import SearchSpace, engine_defaults
 
-SCREEN = (  # screened knobs, most influential first (block length and batch size move throughput most)
-    "spec.block_size", "batch.max_requests", "parallel.tp", "weights.dtype", "spec.scheduler", "kv.dtype",
+SCREEN = (  # screened knobs, in order: capacity first (running requests and TP decide whether the SLOs can be met
+    # at all, so the block length is then tuned at a load that meets them), then block length, which moves
+    # throughput most, then dtypes and the drafter
+    "batch.max_requests", "parallel.tp", "spec.block_size", "weights.dtype", "spec.scheduler", "kv.dtype",
     "spec.head", "spec.draft_layers",
 )
 
@@ -36,17 +40,40 @@ def _center(d: Any, default: Any) -> Any:
 
 
 def _moves(d: Any, base: Any) -> list[Any]:
-    """Values to try instead of `base`: other choices; a range's ends and the midpoints between them and
-    `base` (log-spaced middles on a wide log range)."""
+    """Coarse values to try instead of `base`: other choices; a range's ends and the midpoints between them
+    and `base` (log-spaced middles on a wide log range)."""
     if hasattr(d, "choices"):
         return [c for c in d.choices if c != base]
     lo, hi = d.low, d.high
     vals = [lo, hi, (lo + base) / 2, (base + hi) / 2]
-    if getattr(d, "log", False) and lo > 0 and hi / lo > 16:
+    if _wide_log(d):
         vals = [lo, hi] + [lo * (hi / lo) ** f for f in (0.25, 0.5, 0.75)]
-    if isinstance(lo, int):
+    return _distinct(d, vals, base)
+
+
+def _wide_log(d: Any) -> bool:
+    return bool(getattr(d, "log", False)) and d.low > 0 and d.high / d.low > 16
+
+
+def _distinct(d: Any, vals: list[Any], base: Any) -> list[Any]:
+    if isinstance(d.low, int):
         vals = [int(round(v)) for v in vals]
     return sorted({v for v in vals if v != base})
+
+
+def _refine(d: Any, base: Any, level: int) -> list[Any]:
+    """Finer moves of a range knob once the coarse ones stall: the step towards the nearest coarse move on
+    each side of `base`, halved `level` times (geometrically on a log range). Categorical knobs: none."""
+    if hasattr(d, "choices") or level <= 0:
+        return []
+    coarse = _moves(d, base)
+    sides = [max((m for m in coarse if m < base), default=None), min((m for m in coarse if m > base), default=None)]
+    vals = []
+    for v in (x for x in sides if x is not None):
+        for _ in range(level):
+            v = math.sqrt(v * base) if getattr(d, "log", False) and d.low > 0 else (v + base) / 2
+        vals.append(v)
+    return _distinct(d, vals, base)
 
 
 def start_point(space: SearchSpace) -> dict[str, Any]:
@@ -56,32 +83,35 @@ def start_point(space: SearchSpace) -> dict[str, Any]:
 
 
 def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budget: int,
-           score: Callable[[Any], float], callbacks: list[Callable[[Any, Any], None]] | None = None,
-           done: Callable[[], bool] | None = None) -> int:
+           score: Callable[[Any], Any], callbacks: list[Callable[[Any, Any], None]] | None = None,
+           done: Callable[[], bool] | None = None, levels: int = 2) -> int:
     """Run trial 0 and the coordinate screen in this process, at most `budget` trials; returns how many ran.
 
-    `score(frozen_trial)` ranks trials (higher is better; infeasible ones -inf); `done()` ends the screen
-    early. Trial 0 is the study's enqueued start point when it has one (`open_study` enqueues it), else it
-    is enqueued here."""
+    `score(frozen_trial)` ranks completed trials (any totally ordered value, higher is better, e.g.
+    `tuner.study.trial_rank`, which also orders SLO misses so the screen can walk out of an infeasible
+    start); `done()` ends the screen early. Trial 0 is the study's enqueued start point when it has one
+    (`open_study` enqueues it), else it is enqueued here. Passes repeat while they improve; when one
+    stalls, range knobs take steps half as long, `levels` times (a pattern search)."""
     from optuna.trial import TrialState
 
-    def run(params: dict[str, Any] | None) -> float:
+    def run(params: dict[str, Any] | None) -> Any:
         if params is not None:
             study.enqueue_trial(params)
         study.optimize(objective, n_trials=1, callbacks=callbacks, catch=())
         last = study.trials[-1]
-        return score(last) if last.state == TrialState.COMPLETE else -math.inf
+        return score(last) if last.state == TrialState.COMPLETE else None
 
     if budget <= 0:
         return 0
     waiting = any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False))
     best_p = start_point(space)
     best_v = run(None if waiting else best_p)
-    seen, used, improved = {tuple(sorted(best_p.items()))}, 1, True
-    while improved:  # passes until one improves nothing: knobs interact (a new TP moves the best batch size)
-        improved = False
+    seen, used, level = {tuple(sorted(best_p.items()))}, 1, 0
+    while level <= levels:
+        improved = False  # knobs interact (a new TP moves the best batch size): repeat passes while they improve
         for name in (n for n in SCREEN if n in space.distributions):
-            for v in _moves(space.distributions[name], best_p[name]):
+            d = space.distributions[name]
+            for v in (_moves(d, best_p[name]) if level == 0 else _refine(d, best_p[name], level)):
                 p = {**best_p, name: v}
                 if tuple(sorted(p.items())) in seen:
                     continue
@@ -90,6 +120,8 @@ def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budg
                 seen.add(tuple(sorted(p.items())))
                 x = run(p)
                 used += 1
-                if x > best_v:
+                if x is not None and (best_v is None or x > best_v):
                     best_p, best_v, improved = p, x, True
+        if not improved:
+            level += 1
     return used

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import TunerError
-from tuner.study import SPEC_ATTR, StudySpec, best_trial, completed, feasible_trials, make_evaluator, open_study
+from tuner.study import SPEC_ATTR, StudySpec, best_trial, completed, feasible_trials, make_evaluator, miss, open_study
 from tuner.targets import measured_calibration, sglang_context, sts_payload, vllm_context
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -55,7 +55,7 @@ def _closest(study, spec: StudySpec):  # -> FrozenTrial
     trials = completed(study)
     if not trials:
         raise TunerError(f"study {study.study_name!r} has no completed trial to export; run tune first")
-    return min(trials, key=lambda t: (sum(max(0.0, v) for v in t.constraints.values()), t.number))
+    return min(trials, key=lambda t: (miss(t), t.number))
 
 
 def _check_writable(out: Path) -> Path:

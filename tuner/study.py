@@ -51,7 +51,7 @@ class StudySpec(BaseModel):
     slo_ttft_ms: float | None = None  # p99 TTFT limit (constraint)
     slo_tpot_ms: float | None = None  # p99 TPOT limit (constraint)
     seed: int = 0
-    n_requests: int | None = None  # simulated requests per trial (None: 3 x concurrency, 48..256)
+    n_requests: int | None = None  # simulated requests per trial (None: 6 x concurrency, 48..384)
     tool_version: str = ""
 
     def profile_model(self) -> Profile:
@@ -121,22 +121,37 @@ def open_study(db_url: str, name: str, spec: StudySpec | None):  # -> optuna.Stu
     return study
 
 
+INFEASIBLE = 1e3  # constraint value of a configuration that does not run: worse than any relative SLO miss
+
+
+def slo_constraints(ev: Any, slo_tpot_ms: float | None, slo_ttft_ms: float | None) -> dict[str, float]:
+    """Optuna constraint values (<= 0 is met) of one evaluation.
+
+    SLO misses are relative to their limit (p99 / limit - 1), so a TTFT and a TPOT miss add up on one
+    scale and TPE (which ranks infeasible trials by the sum of positive constraints) and the screen can
+    tell a near miss from a far one; a configuration that does not run at all is INFEASIBLE."""
+    if not ev.feasible:
+        return {"feasible": INFEASIBLE}
+    out = {"feasible": 0.0}
+    if slo_tpot_ms:
+        out["slo_tpot"] = ev.metrics["tpot_p99_ms"] / slo_tpot_ms - 1.0
+    if slo_ttft_ms:
+        out["slo_ttft"] = ev.metrics["ttft_p99_ms"] / slo_ttft_ms - 1.0
+    return out
+
+
 def objective_fn(space: SearchSpace, evaluator: Evaluator, spec: StudySpec) -> Callable[[Any], Any]:
     def objective(trial) -> Any:
         params = space.suggest(trial)
         ev = evaluator.evaluate(params, seed=spec.seed)
         trial.set_user_attr("mode", evaluator.mode)
         trial.set_user_attr("feasible", ev.feasible)
+        for key, value in slo_constraints(ev, spec.slo_tpot_ms, spec.slo_ttft_ms).items():
+            trial.set_constraint(key, value)
         if not ev.feasible:
             trial.set_user_attr("why", ev.why)
-            trial.set_constraint("feasible", 1.0)
             return tuple(0.0 if OBJECTIVES[o][1] == "maximize" else 1e9 for o in spec.objectives)
         trial.set_user_attr("metrics", ev.metrics)
-        trial.set_constraint("feasible", 0.0)
-        if spec.slo_tpot_ms:
-            trial.set_constraint("slo_tpot", ev.metrics["tpot_p99_ms"] - spec.slo_tpot_ms)
-        if spec.slo_ttft_ms:
-            trial.set_constraint("slo_ttft", ev.metrics["ttft_p99_ms"] - spec.slo_ttft_ms)
         return tuple(ev.metrics[OBJECTIVES[o][0]] for o in spec.objectives)
 
     return objective
@@ -166,7 +181,7 @@ def run_worker(db_url: str, name: str, n_trials: int, worker: int = 0, timeout: 
         from tuner.design import screen
 
         t0 = time.time()
-        n_trials -= screen(study, space, objective, n_trials, lambda t: trial_score(t, spec), callbacks)
+        n_trials -= screen(study, space, objective, n_trials, lambda t: trial_rank(t, maximizes(spec)), callbacks)
         timeout = None if timeout is None else max(0.0, timeout - (time.time() - t0))
     if n_trials > 0 and (timeout is None or timeout > 0):
         study.optimize(objective, n_trials=n_trials, timeout=timeout, callbacks=callbacks, catch=())
@@ -247,12 +262,23 @@ def feasible_trials(study) -> list[Any]:
     return out
 
 
-def trial_score(t, spec: StudySpec) -> float:
-    """The first objective oriented so that higher is better; -inf when the trial breaks a constraint
-    (infeasible configuration or an SLO miss). Ranks trials for the screen and for the export."""
-    if not t.values or any(v > 0 for v in t.constraints.values()):
-        return -float("inf")
-    return (1 if OBJECTIVES[spec.objectives[0]][1] == "maximize" else -1) * t.values[0]
+def miss(t) -> float:
+    """How far a trial is from meeting its constraints (0: it meets them); Optuna's own infeasibility score."""
+    return sum(v for v in t.constraints.values() if v > 0) if t.values else float("inf")
+
+
+def trial_rank(t, maximize: bool = True) -> tuple[int, float]:
+    """A total order on trials, higher is better: those meeting every constraint by their first objective,
+    above the rest by how little they miss. Lets the screen walk out of an SLO-infeasible start."""
+    m = miss(t)
+    if m > 0:
+        return (0, -m)
+    return (1, t.values[0] if maximize else -t.values[0])
+
+
+def maximizes(spec: StudySpec) -> bool:
+    """Whether the study's first objective is maximised."""
+    return OBJECTIVES[spec.objectives[0]][1] == "maximize"
 
 
 def best_trial(study, spec: StudySpec):  # -> FrozenTrial | None
@@ -260,4 +286,4 @@ def best_trial(study, spec: StudySpec):  # -> FrozenTrial | None
     ok = feasible_trials(study)
     if not ok:
         return None
-    return max(ok, key=lambda t: (trial_score(t, spec), -t.number))
+    return max(ok, key=lambda t: (trial_rank(t, maximizes(spec)), -t.number))

@@ -5,8 +5,9 @@ from __future__ import annotations
 import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
-from tuner.design import _moves, screen, start_point
+from tuner.design import _moves, _refine, screen, start_point
 from tuner.space import SearchSpace
+from tuner.study import miss, trial_rank
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -56,3 +57,32 @@ def test_screen_respects_budget_and_done() -> None:
     other = optuna.create_study(direction="maximize")
     assert screen(other, space, lambda t: 1.0, 50, lambda t: t.value, done=lambda: True) == 1
     assert screen(other, space, lambda t: 1.0, 0, lambda t: t.value) == 0
+
+
+def test_refine_halves_the_step_towards_the_nearest_coarse_moves() -> None:
+    log = IntDistribution(4, 1024, log=True)
+    assert _refine(log, 64, 0) == []  # level 0 is the coarse screen
+    assert _refine(log, 64, 1) == [32, 128]  # geometric midpoints towards 16 and 256
+    assert _refine(log, 64, 2) == [45, 91]
+    assert _refine(IntDistribution(5, 12), 10, 1) == [9]  # towards 8 and 11; 10.5 rounds back onto the base
+    assert _refine(CategoricalDistribution(["a", "b"]), "a", 1) == []
+
+
+def test_screen_walks_out_of_an_slo_infeasible_start() -> None:
+    # a point with block > 6 or batch > 64 misses the SLO, by how much it exceeds them; the best point that meets
+    # it is block 6, batch 64. Without ranking the misses, every move from the infeasible start (block 7, batch
+    # 1024) scores the same and the screen never leaves it.
+    space = _space()
+
+    def objective(trial) -> float:
+        p = space.suggest(trial)
+        over = max(0, p["spec.block_size"] - 6) / 6 + max(0.0, p["batch.max_requests"] / 64 - 1)
+        trial.set_constraint("slo", over)
+        return p["spec.block_size"] + p["batch.max_requests"] / 16
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    study.enqueue_trial({**start_point(space), "batch.max_requests": 1024})
+    screen(study, space, objective, budget=60, score=trial_rank)
+    assert miss(study.trials[0]) > 0
+    best = max(study.trials, key=trial_rank)
+    assert miss(best) == 0 and best.params["spec.block_size"] == 6 and best.params["batch.max_requests"] == 64
