@@ -52,10 +52,12 @@ def _moves(d: Any, base: Any) -> list[Any]:
 
 
 def _wide_log(d: Any) -> bool:
+    """A log range spanning more than 16x: screened at log-spaced points rather than linear midpoints."""
     return bool(getattr(d, "log", False)) and d.low > 0 and d.high / d.low > 16
 
 
 def _distinct(d: Any, vals: list[Any], base: Any) -> list[Any]:
+    """`vals` rounded onto an integer range, without duplicates or `base`, sorted."""
     if isinstance(d.low, int):
         vals = [int(round(v)) for v in vals]
     return sorted({v for v in vals if v != base})
