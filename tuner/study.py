@@ -253,13 +253,7 @@ def fail_orphans(study) -> int:
 
 def feasible_trials(study) -> list[Any]:
     """Completed trials that run at all and meet every SLO constraint."""
-    from optuna.trial import TrialState
-
-    out = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if all(v <= 0 for v in t.constraints.values()):
-            out.append(t)
-    return out
+    return [t for t in completed(study) if miss(t) == 0]
 
 
 def miss(t) -> float:
