@@ -429,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     if not work:
         print(f"--only {opts.only!r} matches no case; cases: " + "; ".join(" / ".join(c) for c in CASES))
         return 2
+    if opts.write and len(work) < len(CASES):
+        print("--write replaces the whole table in benchmarks/RESULTS.md; run every case (no --only / --cases) to write")
+        return 2
     results: dict[str, CaseResult] = {}
     with Progress() as bar:
         task = bar.add_task("cases", total=len(work))
