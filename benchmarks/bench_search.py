@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--only {opts.only!r} matches no case; cases: " + "; ".join(" / ".join(c) for c in CASES))
         return 2
     if opts.write and len(work) < len(CASES):
-        print("--write replaces the whole table in benchmarks/RESULTS.md; run every case (no --only / --cases) to write")
+        print("--write replaces the whole table in benchmarks/RESULTS.md: run every case (no --only, --cases)")
         return 2
     results: dict[str, CaseResult] = {}
     with Progress() as bar:
