@@ -9,7 +9,10 @@ when its range holds a gamma within --tolerance of the optimum's throughput (sim
 CUDA-graph buckets, finite request samples). Fixtures whose plan turns speculation off are skipped, and
 parallel.tp takes the smallest planned value the simulator finds feasible.
 
-    python benchmarks/rules_vs_simulator.py [--requests 48] [--tolerance 0.03] [--json out.json]
+    python benchmarks/rules_vs_simulator.py [--requests 0] [--tolerance 0.03] [--only SUBSTR] [--json out.json]
+
+--requests 0 (the default) simulates what `tune` simulates (6 requests per client, 48..384), so throughput
+is read in the closed loop's steady state; a fixed 48 requests is no steady state at 128+ clients.
 
 A benchmark, not a test: it reports, it never gates CI.
 """
@@ -68,8 +71,9 @@ def base_params(plan: Any) -> dict[str, Any]:
     return params
 
 
-def sweep(profile: Profile, params: dict[str, Any], n_requests: int, tps: list[int]) -> dict[int, dict[str, float]]:
-    ev = SimulateEvaluator(profile, n_requests=n_requests)
+def sweep(profile: Profile, params: dict[str, Any], n_requests: int | None,
+          tps: list[int]) -> dict[int, dict[str, float]]:
+    ev = SimulateEvaluator(profile, n_requests=n_requests or None)
     for tp in tps:  # the smallest planned TP at which one request fits
         params = dict(params, **{"parallel.tp": tp})
         if ev.evaluate(dict(params, **{"spec.block_size": 1, "spec.max_verify_tokens": 1}), seed=0).feasible:
@@ -93,13 +97,15 @@ def optimum(points: dict[int, dict[str, float]], slo_tpot: float | None) -> int 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=48, help="simulated requests per point")
+    ap.add_argument("--requests", type=int, default=0,
+                    help="simulated requests per point (0: the tuner's default, 6 per client within 48..384)")
+    ap.add_argument("--only", default="", help="check only fixtures whose name contains this")
     ap.add_argument("--tolerance", type=float, default=0.03, help="relative throughput gap that still agrees")
     ap.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
     args = ap.parse_args()
     rules = [StoredRule(lr.rule, 1, lr.file, lr.line) for lr in load_rules(ROOT / "rules")]
     report: list[dict[str, Any]] = []
-    for path in sorted(FIXTURES.glob("*.json")):
+    for path in sorted(p for p in FIXTURES.glob("*.json") if args.only in p.stem):
         profile = Profile.model_validate(json.loads(path.read_text()))
         plan = match_profile(rules, profile)
         if "spec.enabled" in plan.fixed and plan.fixed["spec.enabled"].value is False:
