@@ -235,17 +235,28 @@ def fail_orphans(study) -> int:
     """Fail RUNNING trials a killed worker left before its first heartbeat.
 
     Optuna fails stale trials by their heartbeat; a worker killed between creating a trial and its
-    first beat leaves one with no heartbeat and no parameters (ours suggests every parameter at once,
-    first thing), which would stay RUNNING forever.
+    heartbeat thread's first beat (under load this window includes the objective's first suggestions)
+    leaves one with no heartbeat at all, which Optuna never counts as stale and which would stay RUNNING
+    forever. A live worker beats within one interval of starting a trial, so a trial older than the grace
+    period without a beat is an orphan.
     """
     from datetime import datetime, timedelta
 
+    from optuna.storages._rdb.models import TrialHeartbeatModel
     from optuna.trial import TrialState
+    from sqlalchemy import select
 
     cutoff = datetime.now() - timedelta(seconds=grace_s())
+    old = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+           if t.datetime_start is not None and t.datetime_start < cutoff]
+    if not old:
+        return 0
+    rdb = getattr(study._storage, "_backend", study._storage)
+    with rdb.engine.connect() as conn:
+        beating = set(conn.execute(select(TrialHeartbeatModel.trial_id)).scalars())
     n = 0
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if not t.params and t.datetime_start is not None and t.datetime_start < cutoff:
+    for t in old:
+        if t._trial_id not in beating:
             study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             n += 1
     return n

@@ -70,6 +70,23 @@ def test_resume_after_kill_loses_no_completed_trial(tmp_path, monkeypatch):
     assert not [t for t in after if t.state == TrialState.RUNNING]  # stale trial failed, not left running
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+def test_orphan_without_heartbeat_is_failed_but_a_beating_trial_is_not(tmp_path, monkeypatch):
+    # A worker killed after its objective suggested parameters but before the heartbeat thread's first beat
+    # leaves a RUNNING trial Optuna never counts as stale; resume must fail it, and only it.
+    monkeypatch.setenv("DSPARK_HEARTBEAT_GRACE_S", "1")
+    url = f"sqlite:///{tmp_path / 'kb.sqlite'}"
+    make_study(url, "o")
+    study = optuna.load_study(study_name="o", storage=st.storage(url))
+    orphan, beating = study.ask(), study.ask()
+    orphan.suggest_int("spec.block_size", 2, 16)
+    time.sleep(1.1)  # both older than the grace period
+    study._storage.record_heartbeat(beating._trial_id)
+    assert st.fail_orphans(study) == 1
+    states = {t.number: t.state for t in trials_of(url, "o")}
+    assert states == {orphan.number: TrialState.FAIL, beating.number: TrialState.RUNNING}
+
+
 def test_two_workers_on_postgres_exact_count_no_duplicates(db_url):
     make_study(db_url, "w")
     st.run(db_url, "w", trials=8, workers=2)
