@@ -17,6 +17,13 @@ GpuOpt = Annotated[str | None, typer.Option(
 WorkloadOpt = Annotated[str | None, typer.Option(
     "--workload", "-w", help="Preset (chat, code, math, mixed) or a JSONL file of requests. Default: chat.")]
 
+ConcurrencyOpt = Annotated[int | None, typer.Option(
+    "--concurrency", help="Requests in flight (closed-loop clients), replacing the workload's.")]
+SloTtftOpt = Annotated[float | None, typer.Option(
+    "--slo-ttft-ms", help="p99 time-to-first-token SLO in ms, replacing the workload's (0: none).")]
+SloTpotOpt = Annotated[float | None, typer.Option(
+    "--slo-tpot-ms", help="p99 time-per-output-token SLO in ms, replacing the workload's (0: none).")]
+
 
 def register(app: typer.Typer) -> None:
     @app.command("profile")
@@ -39,6 +46,9 @@ def register(app: typer.Typer) -> None:
         gpus: Annotated[int | None, typer.Option(
             "--gpus", help="Devices the deployment has (sets hw.count; default: not stated, the tuner then "
                            "searches TP over one 8-GPU node).")] = None,
+        concurrency: ConcurrencyOpt = None,
+        slo_ttft_ms: SloTtftOpt = None,
+        slo_tpot_ms: SloTpotOpt = None,
         list_models: Annotated[bool, typer.Option("--list-models", help="List the model catalogue.")] = False,
         list_gpus: Annotated[bool, typer.Option("--list-gpus", help="List the GPU catalogue.")] = False,
     ) -> None:
@@ -50,8 +60,10 @@ def register(app: typer.Typer) -> None:
             from profiler.errors import ProfileError
 
             raise ProfileError("nothing to profile: give --model and/or --gpu (see --list-models, --list-gpus)")
+        from profiler.workload import Traffic
+
         p = _build_with_progress(model, gpu, workload, measure, entropy, quiet=json_out, quality=quality,
-                                 gpus=gpus)
+                                 gpus=gpus, traffic=Traffic(concurrency, slo_ttft_ms, slo_tpot_ms))
         profile_id = None
         if store:
             from kb.db import open_db
@@ -74,13 +86,14 @@ def register(app: typer.Typer) -> None:
 
 def _build_with_progress(model: str | None, gpu: str | None, workload: str | None, measure: bool,
                          entropy: bool | None, quiet: bool, quality: str | None = None,
-                         gpus: int | None = None):  # -> Profile
+                         gpus: int | None = None, traffic=None):  # -> Profile
     """build_profile with a progress bar on stderr while micro-benchmarks / entropy run."""
     from profiler.build import build_profile
 
     slow = (gpu or "").lower() == "auto" and measure or bool(entropy)
     if not slow:
-        return build_profile(model, gpu, workload, measure=measure, entropy=entropy, quality=quality, gpus=gpus)
+        return build_profile(model, gpu, workload, measure=measure, entropy=entropy, quality=quality, gpus=gpus,
+                             traffic=traffic)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from profiler.hardware import MICROBENCH_STEPS
@@ -95,7 +108,7 @@ def _build_with_progress(model: str | None, gpu: str | None, workload: str | Non
             bar.update(task, advance=1, description=msg)
 
         return build_profile(model, gpu, workload, measure=measure, entropy=entropy, progress=step,
-                             quality=quality, gpus=gpus)
+                             quality=quality, gpus=gpus, traffic=traffic)
 
 
 def _list(list_models: bool, list_gpus: bool, json_out: bool) -> None:

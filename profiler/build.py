@@ -26,7 +26,7 @@ from profiler.model import (
     weight_bytes,
 )
 from profiler.schema import Flops, KvBytes, ModelProfile, Profile, WeightBytes, WorkloadProfile
-from profiler.workload import measure_entropy, prompts_of, runnable_model, tokenizer_of, workload_profile
+from profiler.workload import Traffic, measure_entropy, prompts_of, runnable_model, tokenizer_of, workload_profile
 
 Progress = Callable[[str], None]
 TINY_NAMES = ("tiny", "tiny-target", "dspark-tiny")
@@ -124,13 +124,15 @@ def onnx_model_profile(path: Path) -> ModelProfile:
                         census_source=f"onnx file {path}")
 
 
-def build_profile(model: str | None, gpu: str | None, workload: str | None, measure: bool = True,
-                  entropy: bool | None = None, progress: Progress | None = None,
-                  quality: str | None = None, gpus: int | None = None) -> Profile:
-    """The full profile. ``measure``: run microbenchmarks for ``gpu='auto'``; ``entropy``: measure the
-    target's next-token entropy with a runnable model (None: only together with ``gpu='auto'``);
-    ``quality``: the workload's accuracy floor (standard, relaxed: 4-bit weights allowed); ``gpus``: how
-    many devices the deployment has (None: not stated; the tuner then assumes one node of eight)."""
+def build_profile(model: str | None, gpu: str | None, workload: str | WorkloadProfile | None,
+                  measure: bool = True, entropy: bool | None = None, progress: Progress | None = None,
+                  quality: str | None = None, gpus: int | None = None, traffic: Traffic | None = None) -> Profile:
+    """The full profile. ``workload``: a preset, a JSONL file, or an already profiled workload (kept as it
+    is); ``measure``: run microbenchmarks for ``gpu='auto'``; ``entropy``: measure the target's next-token
+    entropy with a runnable model (None: only together with ``gpu='auto'``); ``quality``: the workload's
+    accuracy floor (standard, relaxed: 4-bit weights allowed; None keeps a profiled workload's); ``gpus``: how
+    many devices the deployment has (None: not stated; the tuner then assumes one node of eight);
+    ``traffic``: the user's concurrency and SLOs in place of the workload's."""
     if gpus is not None and gpus < 1:
         raise ProfileError(f"--gpus {gpus}: give the number of devices, at least 1")
     if quality is not None and quality not in ("standard", "relaxed"):
@@ -141,10 +143,16 @@ def build_profile(model: str | None, gpu: str | None, workload: str | None, meas
     mp = ModelProfile()
     resolved = resolve_arch(model) if model else None
     tokenize = None
-    if resolved and workload and workload.lower() not in workload_presets():
-        tokenize = tokenizer_of(resolved[2]) if Path(resolved[2]).exists() else None
-    wl, wl_notes = workload_profile(workload, tokenize)
-    wl.quality = quality  # type: ignore[assignment]  # validated above
+    if isinstance(workload, WorkloadProfile):  # profiled before: its prompts may be gone, keep its entropy
+        wl, wl_notes = workload.model_copy(deep=True), []
+        workload, entropy = wl.name, False if entropy is None else entropy
+    else:
+        if resolved and workload and workload.lower() not in workload_presets():
+            tokenize = tokenizer_of(resolved[2]) if Path(resolved[2]).exists() else None
+        wl, wl_notes = workload_profile(workload, tokenize)
+    if quality is not None:
+        wl.quality = quality  # type: ignore[assignment]  # validated above
+    wl = (traffic or Traffic()).apply(wl)
     notes += wl_notes
     if resolved:
         spec, name, source, m_notes = resolved
@@ -177,6 +185,8 @@ def build_profile(model: str | None, gpu: str | None, workload: str | None, meas
         if gpus is not None and hw.arch != "cpu":
             hw.count = gpus
         profile.hw = hw
+    elif gpus is not None:  # no GPU named yet: keep the count for `tune --gpu NAME`
+        profile.hw.count = gpus
     if spec is not None:
         profile.derived = derive(spec, hw, wl)
     profile.notes = notes or None

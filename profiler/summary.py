@@ -109,8 +109,9 @@ def render_profile(p: Profile, console: Console, profile_id: int | None = None) 
     pl, ol = w.prompt_len, w.output_len
     if pl and ol:
         _kv(t, "lengths", f"prompt mean {pl.mean:g} (p99 {pl.p99:g}), output mean {ol.mean:g} (p99 {ol.p99:g}) tokens")
+    slo = [f"{k} {v:g} ms" for k, v in (("TTFT", w.slo.ttft_ms), ("TPOT", w.slo.tpot_ms)) if v] if w.slo else []
     _kv(t, "load", f"concurrency {w.concurrency}" + (f", {w.request_rate} req/s" if w.request_rate else "") +
-        (f"; SLO p99 TTFT {w.slo.ttft_ms:g} ms, TPOT {w.slo.tpot_ms:g} ms" if w.slo else ""))
+        (f"; SLO p99 {', '.join(slo)}" if slo else "; no SLO"))
     _kv(t, "quality", "relaxed: 4-bit weights allowed" if w.quality == "relaxed"
         else "standard: 8-bit weights at most (--quality relaxed allows 4-bit)")
     if w.entropy:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,37 @@ def workload_profile(workload: str | None, tokenize: Any = None) -> tuple[Worklo
     if not name.endswith(".jsonl") and not Path(name).exists():
         raise ProfileError(f"unknown workload '{name}'; use one of {', '.join(presets)} or a .jsonl file")
     return file_profile(name, tokenize)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """The user's own load and latency targets, replacing those of a preset or a file (`--concurrency`,
+    `--slo-ttft-ms`, `--slo-tpot-ms`): presets carry typical figures, a deployment has its own."""
+
+    concurrency: int | None = None  # simultaneous requests in flight (closed-loop clients)
+    ttft_ms: float | None = None  # p99 time-to-first-token SLO; 0 drops it
+    tpot_ms: float | None = None  # p99 time-per-output-token SLO; 0 drops it
+
+    def given(self) -> bool:
+        return any(v is not None for v in (self.concurrency, self.ttft_ms, self.tpot_ms))
+
+    def apply(self, wl: WorkloadProfile) -> WorkloadProfile:
+        """`wl` with these figures in place; a bad figure is one ProfileError line naming its flag."""
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ProfileError(f"--concurrency {self.concurrency}: give the requests in flight, at least 1")
+        for flag, v in (("--slo-ttft-ms", self.ttft_ms), ("--slo-tpot-ms", self.tpot_ms)):
+            if v is not None and not (v >= 0 and v < float("inf")):
+                raise ProfileError(f"{flag} {v:g}: give a p99 latency in milliseconds (0 drops that SLO)")
+        if not self.given():
+            return wl
+        slo = (wl.slo or Slo()).model_copy()
+        if self.ttft_ms is not None:
+            slo.ttft_ms = self.ttft_ms or None
+        if self.tpot_ms is not None:
+            slo.tpot_ms = self.tpot_ms or None
+        return wl.model_copy(update={
+            "concurrency": self.concurrency if self.concurrency is not None else wl.concurrency,
+            "slo": slo if (slo.ttft_ms is not None or slo.tpot_ms is not None) else None})
 
 
 def runnable_model() -> Path | None:

@@ -11,6 +11,8 @@ from typing import Annotated, Any
 import typer
 
 from kb.cli_common import DbOpt, JsonOpt, RulesOpt, console, err_console, print_json
+from kb.commands_profile import ConcurrencyOpt, SloTpotOpt, SloTtftOpt
+from profiler.workload import Traffic
 from tuner.errors import TunerError
 
 LOCAL_GPUS = ("auto", "cpu", "local")
@@ -27,20 +29,30 @@ def _model_ref(profile) -> str | None:
     return profile.model.name
 
 
-def resolve_profile(database, model: str | None, gpu: str | None, workload: str | None):
-    """The profile to tune: the latest stored one, with --model/--gpu/--workload overriding parts."""
+def resolve_profile(database, model: str | None, gpu: str | None, workload: str | None, traffic=None):
+    """The profile to tune: the latest stored one, with --model/--gpu/--workload and the traffic options
+    (`profiler.workload.Traffic`) overriding parts. What is not overridden is carried over from the stored
+    profile: its workload as profiled (a preset's or a file's figures, the user's SLOs), its accuracy floor
+    and its device count, so `profile --slo-tpot-ms 20 && tune --gpu h100` tunes for 20 ms on H100s."""
     from kb.store import latest_profile, save_profile
     from profiler.build import build_profile
 
     latest = latest_profile(database)
+    given = bool(model or gpu or workload or (traffic is not None and traffic.given()))
     if latest is None and not model:
         raise TunerError("no stored profile and no --model; run 'dspark profile --model NAME' first or pass --model")
-    if latest is not None and not (model or gpu or workload):
+    if latest is not None and not given:
         return latest
     base = latest[1] if latest else None
+    base_wl = None
+    if base is not None and not workload:
+        base_wl = base.workload
+        if model and base_wl.entropy is not None and model != _model_ref(base):  # measured with the old target
+            base_wl = base_wl.model_copy(update={"entropy": None})
     profile = build_profile(model=model or _model_ref(base), gpu=gpu or (base.hw.name if base else None),
-                            workload=workload or (base.workload.name if base else None),
-                            measure=(gpu or "").lower() in LOCAL_GPUS)
+                            workload=workload or base_wl, measure=(gpu or "").lower() in LOCAL_GPUS,
+                            quality=base.workload.quality if base else None,
+                            gpus=base.hw.count if base and base.hw else None, traffic=traffic)
     return save_profile(database, profile), profile
 
 
@@ -86,6 +98,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
          timeout: Annotated[float | None, typer.Option(help="Seconds per worker before stopping early.")] = None,
          seed: Annotated[int, typer.Option(help="Sampler and simulation seed.")] = 0,
          workers: Annotated[int, typer.Option(min=1, max=64, help="Worker processes on this machine.")] = 1,
+         concurrency: ConcurrencyOpt = None, slo_ttft_ms: SloTtftOpt = None, slo_tpot_ms: SloTpotOpt = None,
          out: Annotated[Path, typer.Option(help="Bundle folder (written atomically).")] = Path("out"),
          db: DbOpt = None, rules: RulesOpt = None, as_json: JsonOpt = False) -> None:
     """Tune DSpark for a model, GPU and workload, then export the deployable bundle."""
@@ -96,17 +109,19 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
     from kb.store import save_plan
     from kb.sync import enabled_rules
     from tuner import study as st
-    from tuner.export import export_study
+    from tuner.export import check_writable, export_study
 
     objectives = [o.strip() for o in objective.split(",") if o.strip()]
     st.directions(objectives)
     if mode not in ("auto", "simulate", "measure"):
         raise TunerError(f"--mode {mode!r}: choose auto, simulate or measure")
+    check_writable(out)  # before any trial runs, not after the whole study
     database, _ = open_synced(db, rules)
     url = resolve_url(db)
-    resume = study_name is not None and not (model or gpu or workload) and _exists(url, study_name)
+    traffic = Traffic(concurrency, slo_ttft_ms, slo_tpot_ms)
+    resume = study_name is not None and not (model or gpu or workload or traffic.given()) and _exists(url, study_name)
     if not resume:
-        profile_id, profile = resolve_profile(database, model, gpu, workload)
+        profile_id, profile = resolve_profile(database, model, gpu, workload, traffic)
         try:
             plan = match_profile(enabled_rules(database), profile)
         except PlanConflict as e:
@@ -174,7 +189,8 @@ def _print_summary(s: dict[str, Any]) -> None:
 
 
 def export(study_name: Annotated[str, typer.Option("--study", help="Study to export.")],
-           out: Annotated[Path, typer.Option(help="Bundle folder (written atomically).")] = Path("out"),
+           concurrency: ConcurrencyOpt = None, slo_ttft_ms: SloTtftOpt = None, slo_tpot_ms: SloTpotOpt = None,
+         out: Annotated[Path, typer.Option(help="Bundle folder (written atomically).")] = Path("out"),
            db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Re-export a study's best configuration as a bundle."""
     from kb.db import open_db, resolve_url

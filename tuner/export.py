@@ -58,7 +58,8 @@ def _closest(study, spec: StudySpec):  # -> FrozenTrial
     return min(trials, key=lambda t: (miss(t), t.number))
 
 
-def _check_writable(out: Path) -> Path:
+def check_writable(out: Path) -> Path:
+    """The folder `out` will be renamed into, created if missing; one TunerError line when it cannot be."""
     parent = out.resolve().parent
     if out.exists() and not out.is_dir():
         raise TunerError(f"--out {out} exists and is not a folder; pass a folder path")
@@ -75,7 +76,7 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
     """Export study `name`'s best SLO-feasible trial (or the closest one, flagged) as a bundle."""
     from dspark_core.config import apply_params, save_config
 
-    parent = _check_writable(out)
+    parent = check_writable(out)
     study = open_study(db_url, name, None)
     spec = StudySpec.model_validate(study.user_attrs[SPEC_ATTR])
     best = best_trial(study, spec)

@@ -80,7 +80,7 @@ def write_report(out: Path, template, study, spec: StudySpec, trial, meets: bool
         n_complete=len(trials), n_feasible=len(feasible_ids), objectives=spec.objectives,
         slo_line=", ".join(s for s in slo if s) or "none given",
         best={"number": trial.number, "metrics": trial.user_attrs.get("metrics", {})} if meets else None,
-        fallback_number=trial.number,
+        fallback_number=trial.number, fallback_misses=_misses(trial.user_attrs.get("metrics", {}), spec),
         params=[{"name": k, "value": v, "how": _how(k, space, plan)} for k, v in sorted(params.items())],
         fired=[f.model_dump() for f in plan.fired], resolutions=plan.resolutions,
         advice=[a.model_dump() for a in plan.advice],
@@ -96,3 +96,13 @@ def _redact(url: str) -> str:
     from kb.db import _redact as redact
 
     return redact(url)
+
+
+def _misses(metrics: dict[str, float], spec: Any) -> str:
+    """How far a trial is from each SLO it misses, e.g. "p99 TPOT 2.1 ms against 0.5 ms (4.2x)"."""
+    out = []
+    for label, key, limit in (("TPOT", "tpot_p99_ms", spec.slo_tpot_ms), ("TTFT", "ttft_p99_ms", spec.slo_ttft_ms)):
+        got = metrics.get(key)
+        if limit and got is not None and got > limit:
+            out.append(f"p99 {label} {got:.4g} ms against {limit:g} ms ({got / limit:.2g}x)")
+    return "; ".join(out) or "it did not run (infeasible: memory or an unsupported setting)"
