@@ -189,8 +189,7 @@ def _print_summary(s: dict[str, Any]) -> None:
 
 
 def export(study_name: Annotated[str, typer.Option("--study", help="Study to export.")],
-           concurrency: ConcurrencyOpt = None, slo_ttft_ms: SloTtftOpt = None, slo_tpot_ms: SloTpotOpt = None,
-         out: Annotated[Path, typer.Option(help="Bundle folder (written atomically).")] = Path("out"),
+           out: Annotated[Path, typer.Option(help="Bundle folder (written atomically).")] = Path("out"),
            db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Re-export a study's best configuration as a bundle."""
     from kb.db import open_db, resolve_url
