@@ -171,7 +171,7 @@ def free_space(plan) -> Any:
 
 
 def make_case(model: str, gpu: str, workload: str, n_requests: int | None = None,
-              rules: list[Any] | None = None) -> Case:
+              rules: list[Any] | None = None, sim_seed: int = 0) -> Case:
     from kb.match import match_profile
     from profiler.build import build_profile
     from tuner.objective import SimulateEvaluator
@@ -181,7 +181,7 @@ def make_case(model: str, gpu: str, workload: str, n_requests: int | None = None
     plan = match_profile(rules if rules is not None else load_rules_stored(), profile)
     slo = profile.workload.slo
     scorer = Scorer(SimulateEvaluator(profile, n_requests=n_requests or None), slo.tpot_ms if slo else None,
-                    slo.ttft_ms if slo else None)
+                    slo.ttft_ms if slo else None, sim_seed)
     rule_space = space_from_plan(plan)
     for k, v in CHECKPOINT.items():
         if k in rule_space.distributions or rule_space.fixed.get(k, v) != v:
@@ -380,9 +380,9 @@ def _dist_text(d) -> str:
 
 
 def run_case(args: tuple) -> CaseResult:
-    (model, gpu, workload), n_requests, seeds, rule_cap, default_cap, target = args
+    (model, gpu, workload), n_requests, seeds, rule_cap, default_cap, target, sim_seed = args
     t0 = time.time()
-    case = make_case(model, gpu, workload, n_requests)
+    case = make_case(model, gpu, workload, n_requests, sim_seed=sim_seed)
     opt = reference_optimum(case)
     in_rules, in_rules_at = rule_space_best(case, opt)
     opt = refine_optimum(case, opt, in_rules_at)
@@ -417,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="cases run in parallel (processes)")
     ap.add_argument("--cases", type=int, default=len(CASES), help="run the first N cases")
     ap.add_argument("--only", default="", help="run only cases whose 'model / gpu / workload' contains this")
+    ap.add_argument("--sim-seed", type=int, default=0,
+                    help="the simulator's seed (request sample) for every evaluation, optimum included: another "
+                         "seed is another landscape, to check that the result does not hinge on one")
     ap.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md")
     opts = ap.parse_args(argv)
     from multiprocessing import get_context
@@ -424,13 +427,14 @@ def main(argv: list[str] | None = None) -> int:
     from rich.progress import Progress
 
     t0 = time.time()
-    work = [(c, opts.requests, opts.seeds, opts.rule_cap, opts.default_cap, opts.target) for c in CASES[: opts.cases]
+    work = [(c, opts.requests, opts.seeds, opts.rule_cap, opts.default_cap, opts.target, opts.sim_seed)
+            for c in CASES[: opts.cases]
             if opts.only in " / ".join(c)]
     if not work:
         print(f"--only {opts.only!r} matches no case; cases: " + "; ".join(" / ".join(c) for c in CASES))
         return 2
-    if opts.write and len(work) < len(CASES):
-        print("--write replaces the whole table in benchmarks/RESULTS.md: run every case (no --only, --cases)")
+    if opts.write and (len(work) < len(CASES) or opts.sim_seed != 0):
+        print("--write replaces the whole table in benchmarks/RESULTS.md: run every case at --sim-seed 0")
         return 2
     results: dict[str, CaseResult] = {}
     with Progress() as bar:
