@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from kb.cli_common import DbOpt, JsonOpt, console, err_console, print_json
+
+if TYPE_CHECKING:
+    from profiler.workload import Traffic
 
 ModelOpt = Annotated[str | None, typer.Option(
     "--model", "-m", help="Catalogue name (qwen3, qwen3-30b-a3b, llama-3.1-70b, ...), a config.json, a model "
@@ -86,7 +89,7 @@ def register(app: typer.Typer) -> None:
 
 def _build_with_progress(model: str | None, gpu: str | None, workload: str | None, measure: bool,
                          entropy: bool | None, quiet: bool, quality: str | None = None,
-                         gpus: int | None = None, traffic=None):  # -> Profile
+                         gpus: int | None = None, traffic: Traffic | None = None):  # -> Profile
     """build_profile with a progress bar on stderr while micro-benchmarks / entropy run."""
     from profiler.build import build_profile
 

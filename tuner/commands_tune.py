@@ -6,14 +6,16 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from kb.cli_common import DbOpt, JsonOpt, RulesOpt, console, err_console, print_json
 from kb.commands_profile import ConcurrencyOpt, SloTpotOpt, SloTtftOpt
-from profiler.workload import Traffic
 from tuner.errors import TunerError
+
+if TYPE_CHECKING:
+    from profiler.workload import Traffic
 
 LOCAL_GPUS = ("auto", "cpu", "local")
 
@@ -29,7 +31,8 @@ def _model_ref(profile) -> str | None:
     return profile.model.name
 
 
-def resolve_profile(database, model: str | None, gpu: str | None, workload: str | None, traffic=None):
+def resolve_profile(database, model: str | None, gpu: str | None, workload: str | None,
+                    traffic: Traffic | None = None):
     """The profile to tune: the latest stored one, with --model/--gpu/--workload and the traffic options
     (`profiler.workload.Traffic`) overriding parts. What is not overridden is carried over from the stored
     profile: its workload as profiled (a preset's or a file's figures, the user's SLOs), its accuracy floor
@@ -118,6 +121,8 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
     check_writable(out)  # before any trial runs, not after the whole study
     database, _ = open_synced(db, rules)
     url = resolve_url(db)
+    from profiler.workload import Traffic
+
     traffic = Traffic(concurrency, slo_ttft_ms, slo_tpot_ms)
     resume = study_name is not None and not (model or gpu or workload or traffic.given()) and _exists(url, study_name)
     if not resume:

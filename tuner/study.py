@@ -252,8 +252,10 @@ def fail_orphans(study) -> int:
     if not old:
         return 0
     rdb = getattr(study._storage, "_backend", study._storage)
+    ids = [t._trial_id for t in old]
     with rdb.engine.connect() as conn:
-        beating = set(conn.execute(select(TrialHeartbeatModel.trial_id)).scalars())
+        beating = set(conn.execute(select(TrialHeartbeatModel.trial_id)
+                                   .where(TrialHeartbeatModel.trial_id.in_(ids))).scalars())
     n = 0
     for t in old:
         if t._trial_id not in beating:
