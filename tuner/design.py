@@ -5,7 +5,8 @@ corners the rules already advise against. The rules' preferred values are the be
 study starts there (trial 0, every searched parameter set) and then screens the main knobs one at a time
 from the best point so far (every other choice of a categorical knob, the ends and log-spaced middles of
 a range), keeping a move when it scores better; when a pass improves nothing, range knobs take shorter
-steps (a pattern search). Trials that miss an SLO are ranked by how far they miss, so a start point that
+steps (a pattern search); a move that lost clearly (missed an SLO the point met, or scored over 10% below
+it) is not retried on later passes. Trials that miss an SLO are ranked by how far they miss, so a start point that
 misses can walk towards one that meets them. These trials also teach TPE which knobs matter before it
 samples on its own. Only the knobs DESIGN.md section 3 puts first are screened; the rest stay at the
 preferred point until TPE moves them. Measured effect: `python benchmarks/bench_search.py`.
@@ -78,6 +79,24 @@ def _refine(d: Any, base: Any, level: int) -> list[Any]:
     return _distinct(d, vals, base)
 
 
+FAR_WORSE = 0.10  # a move scoring this much below the point it left is not retried on later passes
+
+
+def far_worse(x: Any, base: Any, margin: float = FAR_WORSE) -> bool:
+    """Whether score `x` lost clearly to `base`: failed, in a lower tier of a (tier, value) score (missed an SLO
+    the base met), or more than `margin` below it. Near losses are not: knobs interact, and a move that lost by
+    a few percent from one point can win from the next."""
+    if base is None:
+        return False
+    if x is None:
+        return True
+    if isinstance(x, tuple):
+        if x[0] != base[0]:
+            return x[0] < base[0]
+        x, base = x[-1], base[-1]
+    return x < base - margin * abs(base)
+
+
 def start_point(space: SearchSpace) -> dict[str, Any]:
     """Trial 0: the rules' preferred values, the engine default or the range's centre elsewhere."""
     defaults = engine_defaults()
@@ -109,19 +128,22 @@ def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budg
     best_p = start_point(space)
     best_v = run(None if waiting else best_p)
     seen, used, level = {tuple(sorted(best_p.items()))}, 1, 0
+    lost: set[tuple[str, Any]] = set()  # (knob, value) moves that lost clearly (`far_worse`): not retried
     while level <= levels:
         improved = False  # knobs interact (a new TP moves the best batch size): repeat passes while they improve
         for name in (n for n in SCREEN if n in space.distributions):
             d = space.distributions[name]
             for v in (_moves(d, best_p[name]) if level == 0 else _refine(d, best_p[name], level)):
                 p = {**best_p, name: v}
-                if tuple(sorted(p.items())) in seen:
+                if tuple(sorted(p.items())) in seen or (name, v) in lost:
                     continue
                 if used >= budget or (done is not None and done()):
                     return used
                 seen.add(tuple(sorted(p.items())))
                 x = run(p)
                 used += 1
+                if far_worse(x, best_v):
+                    lost.add((name, v))
                 if x is not None and (best_v is None or x > best_v):
                     best_p, best_v, improved = p, x, True
         if not improved:
