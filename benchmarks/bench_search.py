@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from search_report import RESULTS, SECTION, median_trials, render, write_section  # noqa: E402,F401
+from results_md import write_section as write_named_section  # noqa: E402
+from search_report import RESULTS, SECTION, median_trials, render, render_seed, write_section  # noqa: E402,F401
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -433,8 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     if not work:
         print(f"--only {opts.only!r} matches no case; cases: " + "; ".join(" / ".join(c) for c in CASES))
         return 2
-    if opts.write and (len(work) < len(CASES) or opts.sim_seed != 0):
-        print("--write replaces the whole table in benchmarks/RESULTS.md: run every case at --sim-seed 0")
+    if opts.write and len(work) < len(CASES):
+        print("--write replaces a whole table in benchmarks/RESULTS.md: run every case (drop --only / --cases)")
         return 2
     results: dict[str, CaseResult] = {}
     with Progress() as bar:
@@ -458,10 +459,16 @@ def main(argv: list[str] | None = None) -> int:
                            cwd=ROOT, capture_output=True, text=True).stdout.strip()
     head += " + uncommitted changes in the simulator's packages" if dirty else ""
     cmd = "python benchmarks/bench_search.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    body = render(ordered, opts, cmd.strip(), time.time() - t0, head, GRID, POLISH)
+    if opts.sim_seed == 0:
+        body = render(ordered, opts, cmd.strip(), time.time() - t0, head, GRID, POLISH)
+    else:
+        body = render_seed(ordered, opts, cmd.strip(), time.time() - t0, head)
     print(body)
     if opts.write:
-        write_section(body)
+        if opts.sim_seed == 0:
+            write_section(body)
+        else:  # a section of its own per seed, after the headline's reading
+            write_named_section(f"bench_search_sim{opts.sim_seed}", body)
         print(f"wrote {RESULTS.relative_to(ROOT)}")
     return 0
 

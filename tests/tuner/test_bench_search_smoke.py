@@ -103,10 +103,10 @@ def test_write_section_replaces_only_its_own(bench, tmp_path):
     assert "also kept" in text and "third" in text and text.count(bench.SECTION) == 1
 
 
-def test_render_writes_both_tables():
+def test_render_writes_both_tables(bench):
     import argparse
 
-    import bench_search as b
+    b = bench
     from search_report import render
 
     params = {"weights.dtype": "fp8", "kv.dtype": "auto", "parallel.tp": 1, "batch.max_requests": 8,
@@ -115,6 +115,24 @@ def test_render_writes_both_tables():
     opt = b.Optimum(100.0, params, 90.0, 12, 30)
     res = b.CaseResult("m / g / w", opt, [5, None], [None, 40], 10, 20, [0.99, 0.9], [0.8, 0.99],
                        30, 1.5, ["spec.block_size=9 outside [4, 8] (r)"], 95.0, 100.0)
-    opts = argparse.Namespace(rule_cap=60, default_cap=150, target=0.98, seeds=[0, 1], requests=16, jobs=1)
+    opts = argparse.Namespace(rule_cap=60, default_cap=150, target=0.98, seeds=[0, 1], requests=16, jobs=1,
+                              sim_seed=0)
     text = render([res], opts, "python benchmarks/bench_search.py", 12.0, "abc123", b.GRID, b.POLISH)
     assert "| m / g / w |" in text and "spec.block_size=9 outside" in text
+
+
+def test_render_seed_counts_cases_within_30(bench):
+    import argparse
+
+    b = bench
+    from search_report import render_seed
+
+    params = {"weights.dtype": "fp8", "parallel.tp": 1, "batch.max_requests": 8, "spec.block_size": 7,
+              "spec.head": "markov", "spec.scheduler": "prefix", "spec.max_verify_tokens": 8, "spec.draft_layers": 2}
+    opt = b.Optimum(100.0, params, 90.0, 12, 30)
+    fast = b.CaseResult("a / g / w", opt, [12], [None], 10, 20, [1.0], [0.0], 30, 1.5, [], 99.0, 100.0)
+    slow = b.CaseResult("b / g / w", opt, [31], [None], 10, 20, [1.0], [0.0], 30, 1.5, [], 99.0, 100.0)
+    opts = argparse.Namespace(rule_cap=60, target=0.98, sim_seed=2)
+    text = render_seed([fast, slow], opts, "python benchmarks/bench_search.py --sim-seed 2", 3.0, "abc123")
+    assert "| a / g / w | 100 | " in text and "| 12 (12) | yes |" in text and "| 31 (31) | no |" in text
+    assert text.endswith("Within 30 trials at simulator seed 2: 1/2 cases.")
