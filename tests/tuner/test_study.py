@@ -61,7 +61,9 @@ def test_resume_after_kill_loses_no_completed_trial(tmp_path, monkeypatch):
     proc.wait()
     before = {t.number: t.values for t in trials_of(url, "k") if t.state == TrialState.COMPLETE}
     assert len(before) >= 3
-    time.sleep(2.5)  # let the killed worker's heartbeat go stale
+    # let the killed worker's heartbeat go stale: SQLite's CURRENT_TIMESTAMP has whole seconds, so a beat up to
+    # one interval before the kill can look grace + 1 s old only after grace + interval + 1 s of real time
+    time.sleep(4.2)
     st.run(url, "k", trials=len(before) + 3)
     after = trials_of(url, "k")
     complete = {t.number: t.values for t in after if t.state == TrialState.COMPLETE}
