@@ -65,6 +65,10 @@ def test_simulator_speculation_beats_plain_and_is_deterministic():
     plain = ev.evaluate({**base, "spec.enabled": False}, seed=1)
     assert a.metrics["throughput"] > 1.5 * plain.metrics["throughput"]
     assert a.metrics["tau"] > 2.5 and plain.metrics["tau"] == 1.0
+    # a trial is the mean of two request samples; seed 1 uses samples 2 and 3, which no other seed uses
+    one = SimulateEvaluator(profile(), n_requests=24, repeats=1)
+    pair = [one.evaluate(base, seed=k).metrics["throughput"] for k in (2, 3)]
+    assert abs(a.metrics["throughput"] - sum(pair) / 2) < 1e-6 * a.metrics["throughput"] and pair[0] != pair[1]
     sps = ev.sps_table(base)
     assert list(sps.sample_batch_tokens) == sorted(set(sps.sample_batch_tokens))
     assert sps.sample_steps_per_sec[0] >= sps.sample_steps_per_sec[-1]
