@@ -49,21 +49,54 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+def _click_exceptions() -> tuple[tuple[type[BaseException], ...], ...]:
+    """(exit, usage error, abort) classes of every click the installed typer may raise: typer >= 0.24 bundles
+    its own copy (`typer._click`, with Exit / Abort in `typer.exceptions`), older ones use the click package."""
+    groups: tuple[list[type[BaseException]], ...] = ([], [], [])
+    for name in ("typer.exceptions", "typer._click.exceptions", "click.exceptions"):
+        try:
+            mod = __import__(name, fromlist=["_"])
+        except ImportError:
+            continue
+        for group, cls in zip(groups, ("Exit", "ClickException", "Abort"), strict=True):
+            found = getattr(mod, cls, None)
+            if isinstance(found, type) and found not in group:
+                group.append(found)
+    return tuple(tuple(g) for g in groups)
+
+
+def _usage_line(e: BaseException) -> str:
+    """One line for a usage error: the command it concerns, what is wrong, where help is."""
+    ctx = getattr(e, "ctx", None)
+    where = ctx.command_path if ctx is not None and getattr(ctx, "command_path", None) else "dspark"
+    fmt = getattr(e, "format_message", None)
+    msg = " ".join((fmt() if fmt else str(e)).split())
+    param = getattr(e, "param", None)
+    opts = getattr(param, "opts", None) if param is not None else None
+    if opts and type(e).__name__ == "BadParameter" and opts[0] not in msg:
+        msg = f"{opts[0]}: {msg}"
+    return f"error: {where}: {msg} (see '{where} --help')"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; a user error is one line on stderr and exit code 2, never a traceback."""
-    import click
-
     _register()
     user_errors = _user_errors()
+    exits, usage, aborts = _click_exceptions()
     try:
         result = app(args=argv, standalone_mode=False, prog_name="dspark")
-    except click.exceptions.Exit as e:
-        return e.exit_code
-    except click.ClickException as e:
-        e.show()
+    except exits as e:
+        return int(getattr(e, "exit_code", 0) or 0)
+    except usage as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # a group called bare: its help (already printed by rich)
+            text = e.format_message()
+            if text.strip():
+                print(text, file=sys.stderr)
+            return 2
+        print(_usage_line(e), file=sys.stderr)
         return 2
-    except click.exceptions.Abort:
-        print("aborted", file=sys.stderr)
+    except aborts:
+        print("interrupted", file=sys.stderr)
         return 130
     except user_errors as e:
         print(f"error: {e}", file=sys.stderr)
