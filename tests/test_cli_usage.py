@@ -22,8 +22,9 @@ def dspark(*argv: str, env: dict[str, str] | None = None) -> subprocess.Complete
 
 def commands() -> list[list[str]]:
     """Every leaf command of the app, as its words (`["rules", "search"]`)."""
-    import cli
     from typer.main import get_command
+
+    import cli
 
     cli._register()
 
