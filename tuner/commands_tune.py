@@ -112,13 +112,14 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
     from kb.store import save_plan
     from kb.sync import enabled_rules
     from tuner import study as st
-    from tuner.export import check_writable, export_study
+    from tuner.bundle_dir import check_out
+    from tuner.export import export_study
 
     objectives = [o.strip() for o in objective.split(",") if o.strip()]
     st.directions(objectives)
     if mode not in ("auto", "simulate", "measure"):
         raise TunerError(f"--mode {mode!r}: choose auto, simulate or measure")
-    check_writable(out)  # before any trial runs, not after the whole study
+    check_out(out)  # before any trial runs, not after the whole study
     database, _ = open_synced(db, rules)
     url = resolve_url(db)
     from profiler.workload import Traffic

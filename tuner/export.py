@@ -9,14 +9,12 @@ folder into place, so an error or a kill leaves either the old bundle or the new
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from tuner.bundle_dir import check_out, write_bundle
 from tuner.errors import TunerError
 from tuner.study import SPEC_ATTR, StudySpec, best_trial, completed, feasible_trials, make_evaluator, miss, open_study
 from tuner.targets import measured_calibration, sglang_context, sts_payload, vllm_context
@@ -58,25 +56,11 @@ def _closest(study, spec: StudySpec):  # -> FrozenTrial
     return min(trials, key=lambda t: (miss(t), t.number))
 
 
-def check_writable(out: Path) -> Path:
-    """The folder `out` will be renamed into, created if missing; one TunerError line when it cannot be."""
-    parent = out.resolve().parent
-    if out.exists() and not out.is_dir():
-        raise TunerError(f"--out {out} exists and is not a folder; pass a folder path")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise TunerError(f"cannot create {parent} for --out ({e.strerror}); pass a writable --out") from None
-    if not os.access(parent, os.W_OK):
-        raise TunerError(f"cannot write into {parent} for --out {out}; pass a writable --out")
-    return parent
-
-
 def export_study(db_url: str, name: str, out: Path) -> ExportResult:
     """Export study `name`'s best SLO-feasible trial (or the closest one, flagged) as a bundle."""
     from dspark_core.config import apply_params, save_config
 
-    parent = check_writable(out)
+    check_out(out)  # before the study is even opened
     study = open_study(db_url, name, None)
     spec = StudySpec.model_validate(study.user_attrs[SPEC_ATTR])
     best = best_trial(study, spec)
@@ -86,8 +70,9 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
     evaluator = make_evaluator(spec)
     profile = spec.profile_model()
     plan = spec.plan_model()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
-    try:
+    metrics = dict(trial.user_attrs.get("metrics", {}))
+
+    def build(tmp: Path) -> None:
         config = apply_params(_base_config(spec), params)
         config.spec.sps_path, config.spec.sts_path = "sps.json", "sts.json"
         if _write_kernels(tmp, db_url, profile.hw.name):
@@ -117,7 +102,6 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
 
         write_report(tmp, env.get_template(REPORT_TEMPLATE), study, spec, trial, best is not None, params, space,
                      plan, profile, evaluator, sps, db_url, common)
-        metrics = dict(trial.user_attrs.get("metrics", {}))
         (tmp / "provenance.json").write_text(json.dumps({
             "study": name, "trial": trial.number, "mode": evaluator.mode, "meets_slo": best is not None,
             "profile_hash": profile.content_hash(), "profile_id": spec.profile_id, "plan_id": spec.plan_id,
@@ -125,11 +109,8 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
             "sps_table": "modelled" if evaluator.mode == "simulate" else "measured",
             "tool_version": spec.tool_version, "exported_at": datetime.now(timezone.utc).isoformat()},
             indent=2, default=str) + "\n")
-        _swap_in(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    files = sorted(p.name for p in out.iterdir())
+
+    files = write_bundle(out, build)
     return ExportResult(out, files, trial.number, best is not None, metrics, params, evaluator.mode)
 
 
@@ -156,17 +137,6 @@ def _base_config(spec: StudySpec):  # -> EngineConfig
     if src and Path(src).exists():
         cfg.model.path = str(Path(src).resolve().parent if Path(src).is_file() else Path(src).resolve())
     return cfg
-
-
-def _swap_in(tmp: Path, out: Path) -> None:
-    """Replace `out` by `tmp` with renames only (the old bundle is removed after the swap)."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def n_feasible(study) -> int:
