@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -21,19 +23,36 @@ class PromptRecord(BaseModel):
     arrival_s: float | None = Field(None, ge=0.0)  # arrival time for workload replays
 
 
+def read_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed object) of every non-blank line of a JSONL file; a line that is not UTF-8 or not
+    JSON is one DSparkError naming the file and the line."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise DSparkError(f"cannot read {p} ({e.strerror}); pass a readable JSONL file") from None
+    for n, raw in enumerate(data.splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DSparkError(f"{p}:{n}: not UTF-8 text (byte {e.start + 1}); save the file as UTF-8") from None
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DSparkError(f"{p}:{n}: not valid JSON ({e.msg}); each line must be one JSON object") from None
+
+
 def load_prompts(path: str | Path, limit: int | None = None) -> list[PromptRecord]:
     """Read a JSONL prompt file; one-line DSparkError naming the file and line for any bad line."""
     p = Path(path)
     if not p.is_file():
         raise DSparkError(f"prompt file {p} not found; pass a JSONL file with one {{\"prompt\": ...}} per line")
     records: list[PromptRecord] = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
+    for n, obj in read_jsonl(p):
         try:
-            records.append(PromptRecord.model_validate(json.loads(line)))
-        except json.JSONDecodeError:
-            raise DSparkError(f"{p}:{n}: not valid JSON; each line must be one JSON object") from None
+            records.append(PromptRecord.model_validate(obj))
         except ValidationError as e:
             err = e.errors()[0]
             loc = ".".join(str(x) for x in err["loc"]) or "line"

@@ -26,7 +26,15 @@ from profiler.model import (
     weight_bytes,
 )
 from profiler.schema import Flops, KvBytes, ModelProfile, Profile, WeightBytes, WorkloadProfile
-from profiler.workload import Traffic, measure_entropy, prompts_of, runnable_model, tokenizer_of, workload_profile
+from profiler.workload import (
+    Traffic,
+    fit_preset,
+    measure_entropy,
+    prompts_of,
+    runnable_model,
+    tokenizer_of,
+    workload_profile,
+)
 
 Progress = Callable[[str], None]
 TINY_NAMES = ("tiny", "tiny-target", "dspark-tiny")
@@ -124,6 +132,19 @@ def onnx_model_profile(path: Path) -> ModelProfile:
                         census_source=f"onnx file {path}")
 
 
+def _carried(wl: WorkloadProfile, max_context: int | None) -> tuple[WorkloadProfile, list[str]]:
+    """A workload profiled before, for a model whose context may be shorter: a preset is scaled to fit, a
+    file's figures that cannot fit are an error."""
+    wl = wl.model_copy(deep=True)
+    if (wl.name or "").lower() in workload_presets():
+        return fit_preset(wl, max_context)
+    need = ((wl.prompt_len.p99 if wl.prompt_len else 0) or 0) + ((wl.output_len.p99 if wl.output_len else 0) or 0)
+    if max_context and need > max_context:
+        raise ProfileError(f"workload {wl.name}: p99 prompt + output ({need:.0f} tokens) exceed the model's context "
+                           f"of {max_context}; profile a workload that fits this model")
+    return wl, []
+
+
 def build_profile(model: str | None, gpu: str | None, workload: str | WorkloadProfile | None,
                   measure: bool = True, entropy: bool | None = None, progress: Progress | None = None,
                   quality: str | None = None, gpus: int | None = None, traffic: Traffic | None = None) -> Profile:
@@ -143,13 +164,14 @@ def build_profile(model: str | None, gpu: str | None, workload: str | WorkloadPr
     mp = ModelProfile()
     resolved = resolve_arch(model) if model else None
     tokenize = None
+    ctx = resolved[0].max_context if resolved and resolved[0] is not None else None
     if isinstance(workload, WorkloadProfile):  # profiled before: its prompts may be gone, keep its entropy
-        wl, wl_notes = workload.model_copy(deep=True), []
+        wl, wl_notes = _carried(workload, ctx)
         workload, entropy = wl.name, False if entropy is None else entropy
     else:
         if resolved and workload and workload.lower() not in workload_presets():
             tokenize = tokenizer_of(resolved[2]) if Path(resolved[2]).exists() else None
-        wl, wl_notes = workload_profile(workload, tokenize)
+        wl, wl_notes = workload_profile(workload, tokenize, ctx)
     if quality is not None:
         wl.quality = quality  # type: ignore[assignment]  # validated above
     wl = (traffic or Traffic()).apply(wl)

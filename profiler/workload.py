@@ -8,14 +8,13 @@ else from a 4-characters-per-token estimate (the profile notes which).
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from profiler.catalog import workload_presets
 from profiler.errors import ProfileError
@@ -29,10 +28,11 @@ class Request(BaseModel):
     """One JSONL line."""
 
     model_config = ConfigDict(extra="forbid")
-    prompt: str  # the prompt text
-    output_len: int | None = None  # tokens to generate
+    prompt: str = Field(min_length=1)  # the prompt text
+    output_len: int | None = Field(None, ge=1, le=1_048_576)  # tokens to generate
     domain: str | None = None  # chat | code | math | mixed
-    arrival_s: float | None = None  # arrival time in seconds from the start of the trace
+    arrival_s: float | None = Field(None, ge=0.0, allow_inf_nan=False)  # arrival time in seconds from the start
+    _line: int = PrivateAttr(0)  # line of the file it came from
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -51,20 +51,24 @@ def read_requests(path: str | os.PathLike[str]) -> list[Request]:
     if not p.is_file():
         raise ProfileError(f"workload file not found: {p} (give a JSONL file or one of: "
                            f"{', '.join(workload_presets())})")
+    from dspark_core.errors import DSparkError
+    from dspark_core.prompts import read_jsonl
+
     out: list[Request] = []
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+    try:
+        for lineno, obj in read_jsonl(p):
             try:
-                out.append(Request.model_validate(json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise ProfileError(f"{p}:{lineno}: invalid JSON ({e.msg}); one request object per line") from None
+                req = Request.model_validate(obj)
             except ValidationError as e:
                 err = e.errors()[0]
                 loc = ".".join(str(x) for x in err["loc"]) or "line"
                 raise ProfileError(f"{p}:{lineno}: {loc}: {err['msg']} (expected {{\"prompt\": str, "
-                                   f"\"output_len\"?: int, \"domain\"?: str, \"arrival_s\"?: float}})") from None
+                                   f"\"output_len\"?: int >= 1, \"domain\"?: str, \"arrival_s\"?: float >= 0}})"
+                                   ) from None
+            req._line = lineno
+            out.append(req)
+    except DSparkError as e:
+        raise ProfileError(str(e)) from None
     if not out:
         raise ProfileError(f"{p}: no requests (the file is empty)")
     return out
@@ -87,8 +91,11 @@ def prompts_of(workload: str) -> list[str]:
     return [r.prompt for r in read_requests(workload)]
 
 
-def file_profile(path: str, tokenize: Any = None) -> tuple[WorkloadProfile, list[str]]:
-    """Workload profile of a JSONL file, and notes on how lengths were obtained."""
+def file_profile(path: str, tokenize: Any = None, max_context: int | None = None
+                 ) -> tuple[WorkloadProfile, list[str]]:
+    """Workload profile of a JSONL file, and notes on how lengths were obtained. With `max_context` (the
+    model's), a request whose prompt and output do not fit it is one ProfileError line: no deployment of that
+    model can serve it."""
     reqs = read_requests(path)
     notes: list[str] = []
     if tokenize is not None:
@@ -96,6 +103,11 @@ def file_profile(path: str, tokenize: Any = None) -> tuple[WorkloadProfile, list
     else:
         plens = [max(1.0, round(len(r.prompt) / CHARS_PER_TOKEN)) for r in reqs]
         notes.append(f"prompt lengths estimated at {CHARS_PER_TOKEN:g} characters per token (no tokenizer)")
+    for r, plen in zip(reqs, plens, strict=True):
+        if max_context and plen + (r.output_len or 0) > max_context:
+            raise ProfileError(f"{path}:{r._line}: prompt ({plen:.0f} tokens) + output_len ({r.output_len or 0}) "
+                               f"exceed the model's context of {max_context} tokens; shorten the request or "
+                               "pick a model with a longer context")
     domains = {r.domain for r in reqs if r.domain}
     domain = domains.pop() if len(domains) == 1 else "mixed"
     if domain not in ("chat", "code", "math", "mixed"):
@@ -130,15 +142,36 @@ def tokenizer_of(folder: str | os.PathLike[str] | None) -> Any:
     return lambda text: tok.encode(text).ids
 
 
-def workload_profile(workload: str | None, tokenize: Any = None) -> tuple[WorkloadProfile, list[str]]:
-    """A preset name or a JSONL path (None: the chat preset); ``tokenize`` counts a file's prompt tokens."""
+def workload_profile(workload: str | None, tokenize: Any = None, max_context: int | None = None
+                     ) -> tuple[WorkloadProfile, list[str]]:
+    """A preset name or a JSONL path (None: the chat preset); ``tokenize`` counts a file's prompt tokens; a
+    preset is scaled down to fit `max_context` (a note says so), a file's request that does not fit is an
+    error."""
     name = workload or "chat"
     presets = workload_presets()
     if name.lower() in presets:
-        return preset_profile(name.lower()), []
+        return fit_preset(preset_profile(name.lower()), max_context)
     if not name.endswith(".jsonl") and not Path(name).exists():
         raise ProfileError(f"unknown workload '{name}'; use one of {', '.join(presets)} or a .jsonl file")
-    return file_profile(name, tokenize)
+    return file_profile(name, tokenize, max_context)
+
+
+def fit_preset(wl: WorkloadProfile, max_context: int | None) -> tuple[WorkloadProfile, list[str]]:
+    """A preset whose p99 prompt + p99 output exceed the model's context, scaled to fit it (a short-context
+    model, e.g. the tiny reference target's 2048, never sees the 4k-token chat prompts a preset describes)."""
+    if not max_context or not wl.prompt_len or not wl.output_len:
+        return wl, []
+    need = (wl.prompt_len.p99 or 0) + (wl.output_len.p99 or 0)
+    if need <= max_context:
+        return wl, []
+    f = max_context / need
+
+    def scale(x: Lengths) -> Lengths:
+        return Lengths(**{k: (max(1.0, float(int(v * f))) if v else v) for k, v in x.model_dump().items()})
+
+    out = wl.model_copy(update={"prompt_len": scale(wl.prompt_len), "output_len": scale(wl.output_len)})
+    return out, [f"the '{wl.name}' preset's p99 prompt + output ({need:.0f} tokens) exceed the model's context of "
+                 f"{max_context}: lengths scaled by {f:.2f} to fit"]
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,10 @@ def test_bench_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert cli.main(["bench", "--prompts", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "bad.jsonl:2" in err and "\n" not in err
+    bad.write_bytes(b'{"prompt": "ok"}\n\n{"prompt": "\xff\xfe"}\n')
+    assert cli.main(["bench", "--prompts", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "bad.jsonl:3: not UTF-8" in err and "\n" not in err
     good = write_prompts(tmp_path / "p.jsonl")
     assert cli.main(["bench", "--prompts", str(good), "--methods", "plain,warp"]) == 2
     assert "unknown bench method 'warp'" in capsys.readouterr().err

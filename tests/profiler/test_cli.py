@@ -119,8 +119,23 @@ def test_bad_workload_file(capsys, tmp_path):
     wl.write_text('{"prompt": "hi"}\n{"output_len": 3}\n')
     assert "w.jsonl:2" in _error(capsys, "--model", "qwen3", "--workload", str(wl))
     wl.write_text('{"prompt": "hi"\n')
-    assert "invalid JSON" in _error(capsys, "--model", "qwen3", "--workload", str(wl))
+    assert "w.jsonl:1: not valid JSON" in _error(capsys, "--model", "qwen3", "--workload", str(wl))
     assert "not found" in _error(capsys, "--model", "qwen3", "--workload", str(tmp_path / "none.jsonl"))
+    wl.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')  # Latin-1, not UTF-8
+    assert "w.jsonl:2: not UTF-8" in _error(capsys, "--model", "qwen3", "--workload", str(wl))
+    for bad in (0, -5):
+        wl.write_text(f'{{"prompt": "hi", "output_len": {bad}}}\n')
+        assert "w.jsonl:1: output_len" in _error(capsys, "--model", "qwen3", "--workload", str(wl))
+    wl.write_text('{"prompt": "hi"}\n{"prompt": "hi", "output_len": 100000}\n')  # Qwen3-8B's context: 40960
+    err = _error(capsys, "--model", "qwen3", "--workload", str(wl))
+    assert "w.jsonl:2" in err and "context of 40960" in err
+
+
+def test_a_preset_is_scaled_to_a_short_context(capsys):
+    out = _run_json(capsys, "--model", "tiny", "--workload", "chat", "--no-store", "--no-entropy")
+    wl = out["workload"]
+    assert wl["prompt_len"]["p99"] + wl["output_len"]["p99"] <= 2048  # the tiny target's context
+    assert any("scaled" in n for n in out["notes"])
 
 
 def test_nothing_to_profile(capsys):
