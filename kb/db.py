@@ -113,6 +113,22 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
+def _check_writable(engine: Engine, shown: str) -> None:
+    """Take SQLite's write lock once: a read-only file, folder or `mode=ro` URL is one line here, not a traceback
+    at the first write (file permissions alone say nothing when running as root)."""
+    try:
+        with engine.connect() as conn:  # rewrite the header's user_version with its own value, then roll back
+            version = conn.exec_driver_sql("PRAGMA user_version").scalar()
+            conn.exec_driver_sql(f"PRAGMA user_version = {int(version or 0)}")
+            conn.rollback()
+    except OperationalError as e:
+        reason = str(getattr(e, "orig", e)).strip().splitlines()[0]
+        if "readonly" in reason or "read-only" in reason or "unable to open" in reason:
+            raise KBError(f"database {shown} is not writable ({reason}); dspark-tune stores profiles, plans and "
+                          "studies in it: fix its permissions or pass another --db") from None
+        raise
+
+
 def open_db(url: str | None = None, migrate: bool = True) -> Database:
     """Connect to the knowledge base, creating and migrating it on first use.
 
@@ -146,6 +162,8 @@ def open_db(url: str | None = None, migrate: bool = True) -> Database:
             db.migrate()
         else:
             db.revision()
+        if url.startswith("sqlite"):
+            _check_writable(engine, shown)
     except KBError:
         engine.dispose()
         raise

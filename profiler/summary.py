@@ -123,7 +123,7 @@ def render_profile(p: Profile, console: Console, profile_id: int | None = None) 
     if p.notes:
         parts.append("\n".join(f"[yellow]note:[/yellow] {n}" for n in p.notes))
     if profile_id is not None:
-        parts.append(f"[green]stored as profile {profile_id}[/green]  (python cli.py match --profile {profile_id})")
+        parts.append(f"[green]stored as profile {profile_id}[/green]  (python cli.py match --profile-id {profile_id})")
     console.print(Group(*[x for part in parts for x in (part, "")]))
 
 

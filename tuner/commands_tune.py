@@ -31,6 +31,16 @@ def _model_ref(profile) -> str | None:
     return profile.model.name
 
 
+def _gpu_ref(profile) -> str | None:
+    """How to name a stored profile's hardware again: a catalogue GPU by its name, this machine's CPU
+    (stored as e.g. 'cpu: AMD EPYC ...', which is no catalogue name) as `cpu`."""
+    if profile is None or profile.hw is None:
+        return None
+    if profile.hw.arch == "cpu":
+        return "cpu"
+    return profile.hw.name
+
+
 def resolve_profile(database, model: str | None, gpu: str | None, workload: str | None,
                     traffic: Traffic | None = None):
     """The profile to tune: the latest stored one, with --model/--gpu/--workload and the traffic options
@@ -52,8 +62,9 @@ def resolve_profile(database, model: str | None, gpu: str | None, workload: str 
         base_wl = base.workload
         if model and base_wl.entropy is not None and model != _model_ref(base):  # measured with the old target
             base_wl = base_wl.model_copy(update={"entropy": None})
-    profile = build_profile(model=model or _model_ref(base), gpu=gpu or (base.hw.name if base else None),
-                            workload=workload or base_wl, measure=(gpu or "").lower() in LOCAL_GPUS,
+    hw_ref = gpu or _gpu_ref(base)
+    profile = build_profile(model=model or _model_ref(base), gpu=hw_ref,
+                            workload=workload or base_wl, measure=(hw_ref or "").lower() in LOCAL_GPUS,
                             quality=base.workload.quality if base else None,
                             gpus=base.hw.count if base and base.hw else None, traffic=traffic)
     return save_profile(database, profile), profile
@@ -120,6 +131,8 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
     if mode not in ("auto", "simulate", "measure"):
         raise TunerError(f"--mode {mode!r}: choose auto, simulate or measure")
     check_out(out)  # before any trial runs, not after the whole study
+    if study_name is not None:
+        st.check_name(study_name)
     database, _ = open_synced(db, rules)
     url = resolve_url(db)
     from profiler.workload import Traffic
@@ -152,7 +165,13 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
     if not as_json:
         err_console.print(f"study [bold]{study_name}[/] in {_shown(url)}: Ctrl-C keeps every completed trial; "
                           f"resume with --study {study_name}")
-    done = _progress_runner(url, study_name, trials, workers, timeout, as_json)
+    try:
+        done = _progress_runner(url, study_name, trials, workers, timeout, as_json)
+    except KeyboardInterrupt:
+        n = len(st.completed(st.open_study(url, study_name, None)))
+        err_console.print(f"interrupted: study {study_name} keeps its {n} completed trials; resume with "
+                          f"--study {study_name}", highlight=False, soft_wrap=True)
+        raise typer.Exit(130) from None
     result = export_study(url, study_name, out)
     summary = {"study": study_name, "trials": len(st.completed(done)), **result.to_json()}
     if as_json:
@@ -200,7 +219,9 @@ def export(study_name: Annotated[str, typer.Option("--study", help="Study to exp
     """Re-export a study's best configuration as a bundle."""
     from kb.db import open_db, resolve_url
     from tuner.export import export_study
+    from tuner.study import check_name
 
+    check_name(study_name)
     open_db(db)
     result = export_study(resolve_url(db), study_name, out)
     if as_json:

@@ -15,6 +15,7 @@ preferred point until TPE moves them. Measured effect: `python benchmarks/bench_
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -103,31 +104,65 @@ def start_point(space: SearchSpace) -> dict[str, Any]:
     return {k: space.warm_start.get(k, _center(d, defaults.get(k))) for k, d in space.distributions.items()}
 
 
+def _params_of(t: Any) -> dict[str, Any]:
+    """A trial's parameters, also for a WAITING one (enqueued: its values wait in `fixed_params`)."""
+    return dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
+
+
+_STATE_ORDER = ("COMPLETE", "RUNNING", "WAITING", "FAIL")  # which copy of a configuration speaks for it
+
+
+def _copy_of(study: Any, params: dict[str, Any]) -> Any:
+    """The study's trial of exactly `params` (a finished one first), or None."""
+    same = [t for t in study.get_trials(deepcopy=False) if t.state.name in _STATE_ORDER and _params_of(t) == params]
+    return min(same, key=lambda t: (_STATE_ORDER.index(t.state.name), t.number), default=None)
+
+
 def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budget: int,
            score: Callable[[Any], Any], callbacks: list[Callable[[Any, Any], None]] | None = None,
-           done: Callable[[], bool] | None = None, levels: int = 2) -> int:
-    """Run trial 0 and the coordinate screen in this process, at most `budget` trials; returns how many ran.
+           done: Callable[[], bool] | None = None, levels: int = 2, poll_s: float = 0.5) -> int:
+    """Run trial 0 and the coordinate screen, at most `budget` new trials; returns how many it ran.
 
     `score(frozen_trial)` ranks completed trials (any totally ordered value, higher is better, e.g.
     `tuner.study.trial_rank`, which also orders SLO misses so the screen can walk out of an infeasible
     start); `done()` ends the screen early. Trial 0 is the study's enqueued start point when it has one
     (`open_study` enqueues it), else it is enqueued here. Passes repeat while they improve; when one
-    stalls, range knobs take steps half as long, `levels` times (a pattern search)."""
-    from optuna.trial import TrialState
+    stalls, range knobs take steps half as long, `levels` times (a pattern search).
 
-    def run(params: dict[str, Any] | None) -> Any:
-        if params is not None:
+    The screen is a deterministic walk over the scores it sees, so it resumes where it stopped: a move the
+    study already holds is read back, not run again (an interrupted study ends where an uninterrupted one
+    does), and a move another process is running is waited for (two `tune` processes on one study share the
+    screen instead of running it twice)."""
+    import optuna
+
+    def evaluate(params: dict[str, Any]) -> Any:
+        """Score of the configuration `params`, running it here unless another process already is."""
+        if _copy_of(study, params) is None:
             study.enqueue_trial(params)
-        study.optimize(objective, n_trials=1, callbacks=callbacks, catch=())
-        last = study.trials[-1]
-        return score(last) if last.state == TrialState.COMPLETE else None
+        while True:
+            t = _copy_of(study, params)
+            if t is None or t.state.name == "FAIL":
+                return None
+            if t.state.name == "COMPLETE":
+                return score(t)
+            if t.state.name == "WAITING":
+                study.optimize(objective, n_trials=1, callbacks=callbacks, catch=())  # pops the oldest waiting
+            else:  # running in another worker: wait, failing it if that worker died (heartbeat)
+                time.sleep(poll_s)
+                optuna.storages.fail_stale_trials(study)
+
+    def known(params: dict[str, Any]) -> tuple[bool, Any]:
+        t = _copy_of(study, params)
+        return (True, score(t)) if t is not None and t.state.name == "COMPLETE" else (False, None)
 
     if budget <= 0:
         return 0
-    waiting = any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False))
     best_p = start_point(space)
-    best_v = run(None if waiting else best_p)
-    seen, used, level = {tuple(sorted(best_p.items()))}, 1, 0
+    replayed, best_v = known(best_p)
+    used = 0
+    if not replayed:
+        best_v, used = evaluate(best_p), 1
+    seen, level = {tuple(sorted(best_p.items()))}, 0
     lost: set[tuple[str, Any]] = set()  # (knob, value) moves that lost clearly (`far_worse`): not retried
     while level <= levels:
         improved = False  # knobs interact (a new TP moves the best batch size): repeat passes while they improve
@@ -137,11 +172,12 @@ def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budg
                 p = {**best_p, name: v}
                 if tuple(sorted(p.items())) in seen or (name, v) in lost:
                     continue
-                if used >= budget or (done is not None and done()):
-                    return used
+                replayed, x = known(p)
+                if not replayed:
+                    if used >= budget or (done is not None and done()):
+                        return used
+                    x, used = evaluate(p), used + 1
                 seen.add(tuple(sorted(p.items())))
-                x = run(p)
-                used += 1
                 if far_worse(x, best_v):
                     lost.add((name, v))
                 if x is not None and (best_v is None or x > best_v):

@@ -13,11 +13,11 @@ from typing import Any
 from profiler.schema import Profile
 
 FOUR_BIT = ("int4", "nvfp4")  # weight formats that need `workload.quality: relaxed`
-OBJECTIVES: dict[str, tuple[str, str]] = {  # name -> (metric key, direction)
-    "throughput": ("throughput", "maximize"),  # output tokens per second per GPU
-    "tpot_p99": ("tpot_p99_ms", "minimize"),  # p99 time per output token
-    "ttft_p99": ("ttft_p99_ms", "minimize"),  # p99 time to first token
-    "tau": ("tau", "maximize"),  # accepted tokens per round
+OBJECTIVES: dict[str, tuple[str, str, str]] = {  # name -> (metric key, direction, label with its unit)
+    "throughput": ("throughput", "maximize", "throughput (tok/s/GPU)"),  # output tokens per second per GPU
+    "tpot_p99": ("tpot_p99_ms", "minimize", "p99 TPOT (ms)"),  # p99 time per output token
+    "ttft_p99": ("ttft_p99_ms", "minimize", "p99 TTFT (ms)"),  # p99 time to first token
+    "tau": ("tau", "maximize", "tau (tokens/round)"),  # accepted tokens per round
 }
 
 

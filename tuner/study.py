@@ -13,7 +13,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,6 +58,15 @@ class StudySpec(BaseModel):
     def profile_model(self) -> Profile:
         return Profile.model_validate(self.profile)
 
+    def identity(self) -> dict[str, Any]:
+        """What makes two specs the same study: the model, the hardware by name and count, the workload as
+        profiled and the plan; not the figures a measurement of this machine moves from run to run (measured
+        bandwidth, a CPU's entropy), so resuming a measured study re-profiles without a false mismatch."""
+        p = self.profile_model()
+        wl = p.workload.model_dump(mode="json", exclude={"entropy"})
+        hw = {"name": p.hw.name, "arch": p.hw.arch, "count": p.hw.count}
+        return {"model": p.model.model_dump(mode="json"), "hw": hw, "workload": wl, "plan": self.plan}
+
     def plan_model(self) -> Plan:
         return Plan.model_validate(self.plan)
 
@@ -66,18 +76,86 @@ class StudySpec(BaseModel):
         return space_from_plan(self.plan_model(), tune_kernels=gpu_measure)
 
 
+class _RetryStale:
+    """Optuna's RetryHeartbeatStaleTrialCallback without what the killed attempt measured: its constraints
+    (Optuna would keep them over the retry's own, with a warning) and its user attributes (metrics, feasible)
+    describe a run that never finished. Parameters and the retry history are kept."""
+
+    def __init__(self, max_retry: int) -> None:
+        self.max_retry = max_retry
+
+    def __call__(self, study, trial) -> None:
+        import optuna
+
+        history = [*trial.system_attrs.get("retry_history", []), trial.number]
+        if len(history) > self.max_retry:
+            return
+        attrs = {k: v for k, v in trial.system_attrs.items() if not k.startswith("constraints")}
+        attrs.update(failed_trial=trial.system_attrs.get("failed_trial", trial.number), retry_history=history)
+        study.add_trial(optuna.create_trial(state=optuna.trial.TrialState.WAITING, params=trial.params,
+                                            distributions=trial.distributions, system_attrs=attrs))
+
+
+@contextmanager
+def quiet_interrupts() -> Iterator[None]:
+    """Ctrl-C during a trial without Optuna's log of it: Optuna logs a trial stopped by KeyboardInterrupt as a
+    failure with the whole traceback, twice per process; the CLI says "interrupted" in one line instead (the
+    trial is failed either way). SIGINT first silences Optuna's warnings, then interrupts as Python does."""
+    import signal
+    import threading
+
+    import optuna
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(_sig, _frame) -> None:
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def storage(db_url: str):  # -> optuna.storages.RDBStorage
     import warnings
 
     import optuna
-    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+    from optuna.storages import RDBStorage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if db_url.startswith("sqlite") else {
         "pool_pre_ping": True}
-    return RDBStorage(db_url, engine_kwargs=kwargs, heartbeat_interval=heartbeat_s(), grace_period=grace_s(),
-                      heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2))
+    st = RDBStorage(db_url, engine_kwargs=kwargs, heartbeat_interval=heartbeat_s(), grace_period=grace_s(),
+                    heartbeat_stale_trial_callback=_RetryStale(max_retry=2))
+    if db_url.startswith("sqlite"):
+        _serialise_sqlite(st.engine)
+    return st
+
+
+def _serialise_sqlite(engine) -> None:
+    """Make every SQLite transaction take the write lock when it begins (BEGIN IMMEDIATE).
+
+    Optuna pops a queued trial by reading its state and then setting it RUNNING; PostgreSQL locks the row
+    (SELECT ... FOR UPDATE), SQLite ignores FOR UPDATE and pysqlite begins a transaction only at the first
+    write, so two workers could both pop one trial and the second failed with "Cannot tell a COMPLETE trial".
+    This is SQLAlchemy's documented recipe for serialisable SQLite transactions."""
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _no_implicit_begin(dbapi_conn, _record) -> None:
+        dbapi_conn.isolation_level = None  # pysqlite: leave BEGIN to us
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(conn) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections opened by RDBStorage's own set-up predate the listeners
 
 
 def directions(objectives: list[str]) -> list[str]:
@@ -95,23 +173,61 @@ def make_evaluator(spec: StudySpec) -> Evaluator:
     return MeasureEvaluator(spec.profile_model())
 
 
+NAME_MAX = 128  # study names: Optuna's column holds 512 characters on every backend; ours stay well inside it
+
+
+def check_name(name: str) -> str:
+    """A study name the database, the shell and `export --study` all take: one line TunerError otherwise."""
+    if not name or len(name) > NAME_MAX or not name.isprintable() or name != name.strip():
+        shown = repr(name[:40] + ("..." if len(name) > 40 else ""))
+        raise TunerError(f"--study {shown}: a study name is 1 to {NAME_MAX} printable characters without "
+                         "leading or trailing spaces")
+    return name
+
+
+def _join_new(st, name: str, spec: StudySpec):  # -> optuna.Study
+    """A study another process is creating: wait until its spec is stored, then check it is the same study."""
+    import optuna
+
+    for _ in range(50):
+        study = optuna.load_study(study_name=name, storage=st)
+        if SPEC_ATTR in study.user_attrs:
+            return open_study_checked(study, name, spec)
+        time.sleep(0.1)
+    raise TunerError(f"study {name!r} was created by another process that never stored its settings; "
+                     "pick another --study name")
+
+
+def open_study_checked(study, name: str, spec: StudySpec | None):  # -> optuna.Study
+    stored = StudySpec.model_validate(study.user_attrs[SPEC_ATTR])
+    if spec is not None and (spec.identity() != stored.identity() or spec.mode != stored.mode
+                             or spec.objectives != stored.objectives):
+        raise TunerError(f"study {name!r} exists with another profile, mode or objectives; resume it "
+                         "with --study and no --model/--gpu/--objective, or pick a new --study name")
+    return study
+
+
 def open_study(db_url: str, name: str, spec: StudySpec | None):  # -> optuna.Study
     """Load study `name`, or create it from `spec` (warm start enqueued once, here)."""
     import optuna
 
+    check_name(name)
     st = storage(db_url)
     names = {s.study_name for s in optuna.get_all_study_summaries(st)}
     if name in names:
         study = optuna.load_study(study_name=name, storage=st)
-        stored = StudySpec.model_validate(study.user_attrs[SPEC_ATTR])
-        if spec is not None and (spec.profile != stored.profile or spec.mode != stored.mode
-                                 or spec.objectives != stored.objectives):
-            raise TunerError(f"study {name!r} exists with another profile, mode or objectives; resume it "
-                             "with --study and no --model/--gpu/--objective, or pick a new --study name")
-        return study
+        if SPEC_ATTR not in study.user_attrs:
+            if spec is None:
+                raise TunerError(f"study {name!r} was not made by dspark-tune (no settings stored); pick another")
+            return _join_new(st, name, spec)
+        return open_study_checked(study, name, spec)
     if spec is None:
-        raise TunerError(f"no study named {name!r} in this database; list them with 'dspark kb stats'")
-    study = optuna.create_study(study_name=name, storage=st, directions=directions(spec.objectives))
+        raise TunerError(f"no study named {name!r} in this database; list them with 'dspark studies list'")
+    try:
+        study = optuna.create_study(study_name=name, storage=st, directions=directions(spec.objectives))
+    except optuna.exceptions.DuplicatedStudyError:  # another process created it a moment ago: join it
+        return _join_new(st, name, spec)
+    study.set_metric_names([OBJECTIVES[o][2] for o in spec.objectives])  # what optuna-dashboard shows
     study.set_user_attr(SPEC_ATTR, spec.model_dump(mode="json"))
     space = spec.space()
     if space.distributions:
@@ -140,8 +256,23 @@ def slo_constraints(ev: Any, slo_tpot_ms: float | None, slo_ttft_ms: float | Non
     return out
 
 
-def objective_fn(space: SearchSpace, evaluator: Evaluator, spec: StudySpec) -> Callable[[Any], Any]:
+def beyond_target(trial, target: int) -> bool:
+    """Whether `trial` came after the study already had `target` completed or running trials: two workers that
+    both saw room for one more trial keep the one the database numbered first."""
+    from optuna.trial import TrialState
+
+    ahead = [t for t in trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+             if t.number < trial.number]
+    return len(ahead) >= target
+
+
+def objective_fn(space: SearchSpace, evaluator: Evaluator, spec: StudySpec, target: int | None = None
+                 ) -> Callable[[Any], Any]:
     def objective(trial) -> Any:
+        import optuna
+
+        if target is not None and beyond_target(trial, target):
+            raise optuna.TrialPruned(f"the study already holds its {target} trials")
         params = space.suggest(trial)
         ev = evaluator.evaluate(params, seed=spec.seed)
         trial.set_user_attr("mode", evaluator.mode)
@@ -163,9 +294,22 @@ def make_sampler(seed: int, worker: int = 0):  # -> optuna.samplers.BaseSampler
     return optuna.samplers.TPESampler(seed=seed * 1009 + worker, multivariate=True, n_startup_trials=8)
 
 
-def run_worker(db_url: str, name: str, n_trials: int, worker: int = 0, timeout: float | None = None,
-               callback: Callable[[Any, Any], None] | None = None) -> None:
-    """Run `n_trials` trials of study `name` in this process."""
+def live(study) -> int:
+    """Completed trials plus those running now (stale ones from a dead worker failed first): what a worker
+    counts against the study's target before it starts another trial."""
+    import optuna
+    from optuna.trial import TrialState
+
+    optuna.storages.fail_stale_trials(study)
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)))
+
+
+def run_worker(db_url: str, name: str, target: int, worker: int = 0, timeout: float | None = None,
+               callback: Callable[[Any, Any], None] | None = None) -> int:
+    """Add trials to study `name` in this process until it holds `target` completed or running ones (shared by
+    every worker and machine on the study, so N workers end at N trials, not N times N), or `timeout`
+    seconds pass; returns how many trials this process ran. Worker 0 runs, or resumes, the coordinate screen
+    first; the others, and every trial after the screen, are TPE's."""
     import optuna
 
     study = optuna.load_study(study_name=name, storage=storage(db_url), sampler=None)
@@ -174,18 +318,25 @@ def run_worker(db_url: str, name: str, n_trials: int, worker: int = 0, timeout: 
     space = spec.space()
     evaluator = make_evaluator(spec)
     if not space.distributions:
-        n_trials = min(n_trials, 1)  # nothing to search: one evaluation of the fixed plan
-    objective = objective_fn(space, evaluator, spec)
+        target = min(target, 1)  # nothing to search: one evaluation of the fixed plan
+    objective = objective_fn(space, evaluator, spec, target)
     callbacks = [callback] if callback else None
-    if worker == 0 and space.distributions and not completed(study):  # a fresh study: screen first
-        from tuner.design import screen
+    deadline = None if timeout is None else time.time() + timeout
 
-        t0 = time.time()
-        n_trials -= screen(study, space, objective, n_trials, lambda t: trial_rank(t, maximizes(spec)), callbacks)
-        timeout = None if timeout is None else max(0.0, timeout - (time.time() - t0))
-    if n_trials > 0 and (timeout is None or timeout > 0):
-        study.optimize(objective, n_trials=n_trials, timeout=timeout, callbacks=callbacks, catch=())
-    del optuna
+    def full() -> bool:
+        return live(study) >= target or (deadline is not None and time.time() >= deadline)
+
+    ran = 0
+    with quiet_interrupts():
+        if worker == 0 and space.distributions:
+            from tuner.design import screen
+
+            ran = screen(study, space, objective, target, lambda t: trial_rank(t, maximizes(spec)), callbacks,
+                         done=full)
+        while not full():
+            study.optimize(objective, n_trials=1, callbacks=callbacks, catch=())
+            ran += 1
+    return ran
 
 
 def completed(study) -> list[Any]:
@@ -204,17 +355,16 @@ def run(db_url: str, name: str, trials: int, workers: int = 1, timeout: float | 
     remaining = max(0, trials - len(completed(study)))
     if remaining == 0:
         return study
-    shares = [remaining // workers + (1 if i < remaining % workers else 0) for i in range(workers)]
-    procs = [subprocess.Popen([sys.executable, "-m", "tuner.worker", db_url, name, str(share), str(i),
+    procs = [subprocess.Popen([sys.executable, "-m", "tuner.worker", db_url, name, str(trials), str(i),
                                str(timeout) if timeout else "none"], cwd=str(ROOT))
-             for i, share in enumerate(shares[1:], start=1) if share]
+             for i in range(1, min(workers, remaining))]
 
     def cb(st, _trial) -> None:
         if on_progress:
             on_progress(len(completed(st)), st)
 
     try:
-        run_worker(db_url, name, shares[0], 0, timeout, cb)
+        run_worker(db_url, name, trials, 0, timeout, cb)
         while any(p.poll() is None for p in procs):
             time.sleep(0.3)
             if on_progress:
@@ -224,7 +374,7 @@ def run(db_url: str, name: str, trials: int, workers: int = 1, timeout: float | 
             if p.poll() is None:
                 p.terminate()
                 p.wait(timeout=10)
-    failed = [p.returncode for p in procs if p.returncode]
+    failed = [p.returncode for p in procs if p.returncode and p.returncode not in (-15, 130)]
     if failed:
         raise TunerError(f"{len(failed)} worker process(es) failed (exit {failed[0]}); completed trials are "
                          f"kept: resume with --study {name}")

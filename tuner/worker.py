@@ -1,4 +1,6 @@
-"""One tuning worker process: `python -m tuner.worker DB_URL STUDY N_TRIALS WORKER [TIMEOUT]`.
+"""One tuning worker process: `python -m tuner.worker DB_URL STUDY TARGET WORKER [TIMEOUT]`.
+
+TARGET is the study's total: the worker adds trials until the study holds that many.
 
 `tune --workers N` starts N-1 of these beside itself; on other machines the same study is joined with
 `dspark tune --study NAME --db postgresql+psycopg://...`.
@@ -14,7 +16,10 @@ from tuner.study import run_worker
 def main(argv: list[str]) -> int:
     db_url, name, n_trials, worker = argv[0], argv[1], int(argv[2]), int(argv[3])
     timeout = float(argv[4]) if len(argv) > 4 and argv[4] != "none" else None
-    run_worker(db_url, name, n_trials, worker, timeout)
+    try:
+        run_worker(db_url, name, n_trials, worker, timeout)
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the parent says "interrupted"
+        return 130
     return 0
 
 
