@@ -95,8 +95,13 @@ class Engine:
         self._t0 = 0.0  # perf_counter() at the start of the current generate() call
 
     # -- public API -------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[str | list[int]], sampling: SamplingParams | None = None) -> Generation:
-        """Generate for every prompt (text or token ids); outputs in prompt order, with stats."""
+    def generate(self, prompts: Sequence[str | list[int]], sampling: SamplingParams | None = None,
+                 time_limit_s: float | None = None) -> Generation:
+        """Generate for every prompt (text or token ids); outputs in prompt order, with stats.
+
+        `time_limit_s`: stop after this many seconds (between rounds); requests still running end with
+        finish_reason "time_limit", those never admitted are left out, and `stats.cut` counts both, so a
+        measurement of a very slow configuration costs a bounded time and says it was cut."""
         sp = sampling or self.config.sampling
         encoded = [self._encode(p, i) for i, p in enumerate(prompts)]
         limit = self.config.model.max_seq_len
@@ -115,6 +120,13 @@ class Engine:
         self._sync()
         t0 = self._t0 = time.perf_counter()
         while queue or running:
+            if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
+                for req in running:
+                    req.finish = "time_limit"
+                    outputs[req.index] = self._finish(req, free, stats)
+                stats.cut = len(running) + len(queue)
+                running, queue = [], []
+                break
             if queue and free:
                 batch: list[tuple[int, list[int], int]] = []
                 budget = self.config.batch.max_tokens

@@ -22,6 +22,7 @@ class GenStats:
     accepted: int = 0  # draft tokens accepted
     pos_attempts: list[int] = field(default_factory=list)  # per draft position: verified with prefix accepted
     pos_accepts: list[int] = field(default_factory=list)  # per draft position: accepted
+    cut: int = 0  # requests stopped unfinished by generate()'s time limit
 
     def record(self, verified: int, accepted: int, committed: int, proposed: int) -> None:
         """Account one request's round."""

@@ -62,8 +62,10 @@ def _looks_like_path(s: str) -> bool:
 def resolve_arch(model: str) -> tuple[ArchSpec | None, str, str, list[str]]:
     """(spec or None for a bare ONNX file, display name, source, notes) for any model argument."""
     notes: list[str] = []
-    if model.lower() in TINY_NAMES:
-        tiny = runnable_model()
+    tiny_dir = runnable_model()
+    tiny_paths = (tiny_dir.resolve(), tiny_dir.resolve() / "config.json") if tiny_dir is not None else ()
+    if model.lower() in TINY_NAMES or (_looks_like_path(model) and Path(model).resolve() in tiny_paths):
+        tiny = tiny_dir
         if tiny is None:
             raise ProfileError("the tiny reference model is not built yet (dspark_core/assets/tiny/target); "
                                "run `python cli.py build-tiny` first")

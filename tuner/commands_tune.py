@@ -112,6 +112,8 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
          timeout: Annotated[float | None, typer.Option(help="Seconds per worker before stopping early.")] = None,
          seed: Annotated[int, typer.Option(help="Sampler and simulation seed.")] = 0,
          workers: Annotated[int, typer.Option(min=1, max=64, help="Worker processes on this machine.")] = 1,
+         trial_seconds: Annotated[float, typer.Option(min=1.0, help="Measure mode: stop a trial's generation "
+                                                      "after this many seconds and score what it did.")] = 60.0,
          concurrency: ConcurrencyOpt = None, slo_ttft_ms: SloTtftOpt = None, slo_tpot_ms: SloTpotOpt = None,
          out: Annotated[Path, typer.Option(help="Bundle folder (written atomically).")] = Path("out"),
          db: DbOpt = None, rules: RulesOpt = None, as_json: JsonOpt = False) -> None:
@@ -159,7 +161,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         spec = st.StudySpec(profile=profile.model_dump(mode="json", exclude_none=True), profile_id=profile_id,
                             plan=plan_json, plan_id=plan_id, mode=chosen, objectives=objectives,
                             slo_ttft_ms=slo.ttft_ms if slo else None, slo_tpot_ms=slo.tpot_ms if slo else None,
-                            seed=seed, tool_version=tool)
+                            seed=seed, tool_version=tool, trial_seconds=trial_seconds)
         study_name = study_name or _default_study(profile, plan_json, chosen, objectives, seed)
         st.open_study(url, study_name, spec)
     if not as_json:

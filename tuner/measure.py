@@ -40,7 +40,8 @@ class MeasureEvaluator(Evaluator):
 
     mode = "measure"
 
-    def __init__(self, profile: Profile, n_prompts: int = 8, max_new_tokens: int = 48) -> None:
+    def __init__(self, profile: Profile, n_prompts: int = 8, max_new_tokens: int = 48,
+                 trial_limit_s: float = 60.0) -> None:
         from dspark_core.checkpoint import load_model
         from dspark_core.config import EngineConfig
         from dspark_core.tokenizer import Tokenizer
@@ -53,6 +54,7 @@ class MeasureEvaluator(Evaluator):
         self.tokenizer = Tokenizer.load(self.path, self.target.arch.eos_ids)
         self.prompts = self._prompts(n_prompts)
         self.max_new_tokens = max_new_tokens
+        self.trial_limit_s = trial_limit_s  # a configuration slower than this is measured on what it did by then
         self._sps: dict[int, Any] = {}
 
     def _prompts(self, n: int) -> list[str]:
@@ -71,6 +73,8 @@ class MeasureEvaluator(Evaluator):
         from dspark_core.config import apply_params
 
         engine_params = {k: v for k, v in params.items() if not k.startswith(("parallel.", "memory."))}
+        # more KV slots than prompts are never used here, but allocating and SPS-profiling 1024 of them cost ~30 s
+        engine_params["batch.max_requests"] = min(int(params["batch.max_requests"]), len(self.prompts))
         cfg = apply_params(self.base, engine_params)
         cfg.drafter.method = "dspark" if cfg.spec.enabled else "plain"
         cfg.drafter.path = None
@@ -86,11 +90,12 @@ class MeasureEvaluator(Evaluator):
             cfg = self.config(params)
             cfg.sampling.seed = seed
             engine = Engine(cfg, target=self.target, tokenizer=self.tokenizer)
-            gen = engine.generate(self.prompts, cfg.sampling)
+            gen = engine.generate(self.prompts, cfg.sampling, time_limit_s=self.trial_limit_s)
         except DSparkError as e:
             return Evaluation({}, False, str(e))
         st = gen.stats
         ttft = [o.ttft_s * 1e3 for o in gen.outputs if getattr(o, "ttft_s", None) is not None]
+        ttft += [st.seconds * 1e3] * (len(self.prompts) - len(gen.outputs))  # never admitted before the cut
         tpot = [(o.latency_s - o.ttft_s) / max(1, len(o.token_ids) - 1) * 1e3 for o in gen.outputs
                 if getattr(o, "latency_s", None) is not None and len(o.token_ids) > 1]
         metrics = {"throughput": st.tokens_per_s, "tau": st.tau,
@@ -98,6 +103,8 @@ class MeasureEvaluator(Evaluator):
                    "tpot_p99_ms": float(np.percentile(tpot, 99)) if tpot else
                    st.seconds * 1e3 / max(1, st.generated_tokens / max(1, st.requests)),
                    "verify_tokens_per_step": st.verify_tokens_per_step}
+        if st.cut:
+            metrics["cut_requests"] = float(st.cut)  # stopped at the time limit: figures cover what ran
         return Evaluation(metrics, True, extra={"position_acceptance": st.position_acceptance})
 
     def sps_table(self, params: dict[str, Any]):

@@ -53,6 +53,7 @@ class StudySpec(BaseModel):
     slo_tpot_ms: float | None = None  # p99 TPOT limit (constraint)
     seed: int = 0
     n_requests: int | None = None  # simulated requests per trial (None: 6 x concurrency, 48..384)
+    trial_seconds: float = 60.0  # measure mode: a trial's generation stops after this long (figures cover what ran)
     tool_version: str = ""
 
     def profile_model(self) -> Profile:
@@ -170,7 +171,7 @@ def make_evaluator(spec: StudySpec) -> Evaluator:
         return SimulateEvaluator(spec.profile_model(), n_requests=spec.n_requests)
     from tuner.measure import MeasureEvaluator
 
-    return MeasureEvaluator(spec.profile_model())
+    return MeasureEvaluator(spec.profile_model(), trial_limit_s=spec.trial_seconds)
 
 
 NAME_MAX = 128  # study names: Optuna's column holds 512 characters on every backend; ours stay well inside it

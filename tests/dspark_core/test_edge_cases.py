@@ -59,3 +59,21 @@ def test_text_prompt_without_tokenizer_is_an_error() -> None:
     eng = Engine(engine_config(method="plain"), target=random_model(1))
     with pytest.raises(DSparkError, match="tokenizer"):
         eng.generate(["hello"], SamplingParams())
+
+
+def test_time_limit_cuts_the_run_and_says_so(monkeypatch) -> None:
+    import dspark_core.engine as eng
+
+    target = random_model(1)
+    engine = Engine(engine_config(block=4, max_requests=1, method="plain"), target=target)
+    prompts = PROMPT * 3  # one slot: the second and third wait in the queue
+    sp = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    whole = engine.generate(prompts, sp)
+    assert whole.stats.cut == 0 and all(len(o.token_ids) == 40 for o in whole.outputs)
+    assert engine.generate(prompts, sp, time_limit_s=0.0).stats.cut == 3  # over before anything ran
+    clock = iter(range(10_000))  # a fake clock: one second per reading
+    monkeypatch.setattr(eng.time, "perf_counter", lambda: float(next(clock)))
+    cut = engine.generate(prompts, sp, time_limit_s=20.0)
+    assert cut.stats.cut == 3 and len(cut.outputs) == 1  # the first request was running, two never started
+    out = cut.outputs[0]
+    assert out.finish_reason == "time_limit" and 1 <= len(out.token_ids) < 40

@@ -89,3 +89,19 @@ def test_bad_traffic_is_one_line(capsys, tmp_path, args, words):
         code, _, err = run(capsys, *cmd)
         assert code == 2 and len(err.strip().splitlines()) == 1 and words in err and "Traceback" not in err
     assert not Path(tmp_path / "b").exists()
+
+
+def test_a_cpu_measured_study_resumes_however_it_is_named(capsys, tmp_path):
+    out = str(tmp_path / "b")
+    assert run(capsys, "profile", "--model", "tiny", "--gpu", "cpu")[0] == 0
+    assert run(capsys, "tune", "--trials", "1", "--study", "m", "--out", out, "--trial-seconds", "20")[0] == 0
+    for extra in (["--gpu", "cpu"], ["--model", "tiny", "--gpu", "cpu"], []):  # re-profiles this CPU, same study
+        code, _, err = run(capsys, "tune", "--trials", "2", "--study", "m", "--out", out, *extra)
+        assert code == 0, err
+    import optuna
+
+    from kb.db import resolve_url
+    from tuner.study import completed, storage
+
+    study = optuna.load_study(study_name="m", storage=storage(resolve_url(None)))
+    assert len(completed(study)) == 2
