@@ -23,8 +23,8 @@ def _register() -> None:
     from kb.commands import register as register_kb
 
     register_kb(app)
-    for module in ("kb.commands_profile", "tuner.commands", "tuner.commands_tune", "dspark_core.commands",
-                   "dspark_core.commands_dspark"):
+    for module in ("kb.commands_profile", "tuner.commands", "tuner.commands_tune", "tuner.commands_studies",
+                   "dspark_core.commands", "dspark_core.commands_dspark"):
         try:
             mod = __import__(module, fromlist=["register"])
         except ModuleNotFoundError as e:

@@ -105,3 +105,15 @@ def test_a_cpu_measured_study_resumes_however_it_is_named(capsys, tmp_path):
 
     study = optuna.load_study(study_name="m", storage=storage(resolve_url(None)))
     assert len(completed(study)) == 2
+
+
+def test_studies_list_names_what_tune_made(capsys, tmp_path):
+    assert run(capsys, "studies", "list")[1].startswith("no studies yet")
+    assert run(capsys, "profile", "--model", "qwen3")[0] == 0
+    code, _, _ = run(capsys, "tune", "--gpu", "h100", "--trials", "2", "--study", "s1", "--out", str(tmp_path / "b"))
+    assert code in (0, 2)
+    code, out, _ = run(capsys, "studies", "list", "--json")
+    rows = json.loads(out)
+    assert code == 0 and [r["study"] for r in rows] == ["s1"]
+    assert rows[0]["completed"] == 2 and rows[0]["mode"] == "simulate" and rows[0]["gpu"].startswith("H100")
+    assert "s1" in run(capsys, "studies", "list")[1]
