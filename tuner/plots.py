@@ -15,35 +15,64 @@ def _plt():
     return plt
 
 
-def history(trials: list[Any], objective: str, path: Path) -> None:
+def history(trials: list[Any], label: str, path: Path, feasible: set[int] | None = None,
+            exported: int | None = None, maximize: bool = True) -> None:
+    """First objective per trial (`label` carries its unit); best-so-far over the SLO-feasible trials only, those
+    that miss an SLO or do not run drawn as grey crosses, the exported trial as a star."""
     plt = _plt()
-    xs = [t.number for t in trials]
-    ys = [t.values[0] for t in trials]
-    best, run = [], None
-    for y in ys:
-        run = y if run is None else max(run, y)
-        best.append(run)
+    ok = feasible if feasible is not None else {t.number for t in trials}
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.scatter(xs, ys, s=12, label="trial")
-    ax.plot(xs, best, color="C1", label="best so far")
+    good = [t for t in trials if t.number in ok]
+    bad = [t for t in trials if t.number not in ok]
+    ax.scatter([t.number for t in good], [t.values[0] for t in good], s=12, label="meets the SLOs")
+    if bad:
+        ax.scatter([t.number for t in bad], [t.values[0] for t in bad], s=14, marker="x", color="0.6",
+                   label="misses an SLO / does not run")
+    xs, best, run = [], [], None
+    for t in sorted(good, key=lambda t: t.number):
+        y = t.values[0]
+        run = y if run is None else (max(run, y) if maximize else min(run, y))
+        xs.append(t.number)
+        best.append(run)
+    if xs:
+        ax.step(xs, best, where="post", color="C1", label="best feasible so far")
+    _mark_exported(ax, [t for t in trials if t.number == exported], lambda t: (t.number, t.values[0]))
     ax.set_xlabel("trial")
-    ax.set_ylabel(objective)
+    ax.set_ylabel(label)
     ax.set_title("Optimisation history")
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def pareto(trials: list[Any], front: set[int], names: list[str], path: Path) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4))
+def _mark_exported(ax: Any, trials: list[Any], xy: Any) -> None:
     for t in trials:
-        on = t.number in front
-        ax.scatter(t.values[0], t.values[1], s=22 if on else 10, color="C3" if on else "C0", alpha=1 if on else .5)
-    ax.set_xlabel(names[0])
-    ax.set_ylabel(names[1])
-    ax.set_title("Pareto front (red)")
+        x, y = xy(t)
+        ax.scatter([x], [y], s=140, marker="*", color="gold", edgecolor="black", zorder=5,
+                   label=f"exported (trial {t.number})")
+
+
+def pareto(trials: list[Any], front: set[int], labels: list[str], path: Path, feasible: set[int] | None = None,
+           exported: int | None = None) -> None:
+    """Trials on the first two objectives (axis labels carry units): the Pareto front in red, trials that miss
+    an SLO or do not run as grey crosses, the exported trial as a star."""
+    plt = _plt()
+    ok = feasible if feasible is not None else {t.number for t in trials}
+    fig, ax = plt.subplots(figsize=(6, 4))
+    groups = (("Pareto front", lambda t: t.number in front and t.number in ok, dict(s=24, color="C3")),
+              ("meets the SLOs", lambda t: t.number not in front and t.number in ok, dict(s=10, color="C0", alpha=.5)),
+              ("misses an SLO / does not run", lambda t: t.number not in ok and t.number not in front,
+               dict(s=14, color="0.6", marker="x")))
+    for name, keep, style in groups:
+        sel = [t for t in trials if keep(t)]
+        if sel:
+            ax.scatter([t.values[0] for t in sel], [t.values[1] for t in sel], label=name, **style)
+    _mark_exported(ax, [t for t in trials if t.number == exported], lambda t: (t.values[0], t.values[1]))
+    ax.set_xlabel(labels[0])
+    ax.set_ylabel(labels[1])
+    ax.set_title("Trials and Pareto front")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -77,16 +106,20 @@ def sps_curve(tokens: list[int], sps: list[float], kind: str, path: Path) -> Non
     plt.close(fig)
 
 
-def acceptance(curves: dict[str, list[float]], source: str, path: Path) -> None:
+def acceptance(curves: dict[str, list[float]], source: str, path: Path,
+               reference: dict[str, list[float]] | None = None) -> None:
+    """Per-position acceptance: `curves` solid (what the bundle's figures rest on), `reference` dashed."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for name, ys in curves.items():
         ax.plot(range(1, len(ys) + 1), ys, marker="o", label=name)
+    for name, ys in (reference or {}).items():
+        ax.plot(range(1, len(ys) + 1), ys, linestyle="--", alpha=.6, label=name)
     ax.set_ylim(0, 1)
     ax.set_xlabel("draft position k")
     ax.set_ylabel("P(accept k | accepted k-1)")
     ax.set_title(f"Acceptance by position ({source[:60]})")
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -284,6 +284,8 @@ def objective_fn(space: SearchSpace, evaluator: Evaluator, spec: StudySpec, targ
             trial.set_user_attr("why", ev.why)
             return tuple(0.0 if OBJECTIVES[o][1] == "maximize" else 1e9 for o in spec.objectives)
         trial.set_user_attr("metrics", ev.metrics)
+        if ev.extra.get("position_acceptance"):  # measured: the report plots it
+            trial.set_user_attr("position_acceptance", list(ev.extra["position_acceptance"]))
         return tuple(ev.metrics[OBJECTIVES[o][0]] for o in spec.objectives)
 
     return objective
