@@ -37,13 +37,19 @@ def resolve_device(device: str) -> str:
 
 
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    """'auto' -> fp32 on CPU, bf16 on CUDA; quantised weight dtypes are not run by the bundled engine."""
+    """The activation dtype: 'auto' -> fp32 on CPU, bf16 on CUDA; quantised weights (fp8, int8, int4, nvfp4)
+    compute in bf16 (dspark_core/quant.py)."""
     import torch
+
+    from dspark_core.quant import FORMATS
 
     if dtype == "auto":
         return torch.float32 if device == "cpu" else torch.bfloat16
+    if dtype in FORMATS:
+        return torch.bfloat16
     if dtype not in DTYPES:
-        raise DSparkError(f"weights.dtype {dtype!r} is not run by the bundled engine; use auto, fp32, bf16, fp16")
+        raise DSparkError(f"weights.dtype {dtype!r} is not known to the bundled engine; use auto, fp32, bf16, fp16, "
+                          f"{', '.join(FORMATS)}")
     return getattr(torch, DTYPES[dtype])
 
 
@@ -109,7 +115,15 @@ def load_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> L
     from dspark_core.model import rope_inv_freq
 
     model.inv_freq = rope_inv_freq(arch).to(dev)
-    return model.to(dt).eval()
+    model = model.to(dt).eval()
+    if dtype in ("fp8", "int8", "int4", "nvfp4"):  # weight-only quantisation of the decoder's projections
+        from dspark_core.quant import quantize_linears
+
+        try:
+            quantize_linears(model.layers, dtype)
+        except ValueError as e:
+            raise DSparkError(f"weights.dtype {dtype}: {e}; use bf16 for this checkpoint") from None
+    return model
 
 
 def hf_state_dict(model: LeanModel) -> dict[str, torch.Tensor]:
