@@ -8,8 +8,8 @@ Each format stores the weight's codes and scales and computes y = x @ dequant(W)
   older GPUs, shapes `_scaled_mm` refuses) the weight is dequantised per call: the reference path, the same
   numbers without the FP8 tensor cores.
 * int8: symmetric per output channel (amax / 127), the W8A16 layout.
-* int4: symmetric per group of 128 input columns (fewer when the width is not a multiple of 128; amax / 7), round-to-nearest, two codes per byte: the layout
-  of AWQ / GPTQ W4A16 checkpoints without their calibration.
+* int4: symmetric per group of 128 input columns (fewer when the width is not a multiple of 128; amax / 7),
+  round-to-nearest, two codes per byte: the layout of AWQ / GPTQ W4A16 checkpoints without their calibration.
 * nvfp4: E2M1 codes (values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and signs) per block of 16 input columns, each block
   scaled by an e4m3 factor under one fp32 per-tensor scale (NVIDIA's NVFP4), two codes per byte.
 int8 / int4 / nvfp4 always take the dequantising path here: the engine has no integer or FP4 GEMM kernels, so
