@@ -91,7 +91,7 @@ class Engine:
         self.drafter = drafter
         self.scheduler = scheduler if scheduler is not None else build_scheduler(c, self.target)
         _install_kernel_configs(c, self.target.device)
-        self.cache = self.target.new_cache(c.batch.max_requests, c.model.max_seq_len)
+        self.cache = self.target.new_cache(c.batch.max_requests, c.model.max_seq_len, dtype=kv_dtype(c, self.target))
         self._t0 = 0.0  # perf_counter() at the start of the current generate() call
 
     # -- public API -------------------------------------------------------------------------------
@@ -274,6 +274,14 @@ class Engine:
         if self.drafter:
             self.drafter.update(results)
         self.scheduler.observe(results)
+
+
+def kv_dtype(config: EngineConfig, target: LeanModel) -> torch.dtype:
+    """The KV cache's dtype for `kv.dtype`: auto = the activations'; fp8 variants store keys and values in FP8
+    with no scale (as vLLM's and SGLang's `--kv-cache-dtype fp8_*` without calibrated scales) and attend in the
+    activation dtype."""
+    return {"auto": target.dtype, "bf16": torch.bfloat16, "fp16": torch.float16,
+            "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[config.kv.dtype]
 
 
 def _install_kernel_configs(config: EngineConfig, device: torch.device) -> None:
