@@ -62,9 +62,9 @@ def mape(pred: list[float], meas: list[float]) -> float:
 
 def available_heads() -> list[str]:
     from dspark_core.config import ASSETS
-    from dspark_core.drafter import CONFIG_FILE
+    from dspark_core.drafter import is_drafter
 
-    return [h for h in HEADS if (ASSETS / "drafters" / h / CONFIG_FILE).is_file()]
+    return [h for h in HEADS if is_drafter(ASSETS / "drafters" / h)]
 
 
 class Bench:

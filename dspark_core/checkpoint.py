@@ -68,15 +68,36 @@ def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def checkpoint_folder(path: str | Path) -> Path:
+    """A checkpoint folder, or a Hugging Face model id (`Qwen/Qwen3-8B`) already in the local Hugging Face cache
+    (nothing is downloaded); one DSparkError line naming what to do otherwise."""
+    folder = Path(path).expanduser()
+    if folder.is_dir():
+        return folder
+    text = str(path)
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")) and "://" not in text:
+        try:
+            from huggingface_hub import snapshot_download
+            from huggingface_hub.errors import LocalEntryNotFoundError
+
+            try:
+                return Path(snapshot_download(text, local_files_only=True))
+            except (LocalEntryNotFoundError, ValueError, OSError):
+                pass
+        except ImportError:
+            pass
+        raise DSparkError(f"model {text} is not on this machine: download it (`huggingface-cli download {text}`) "
+                          "or set model.path to its checkpoint folder")
+    raise DSparkError(f"checkpoint folder {folder} not found; run `python cli.py build-tiny` or fix the path")
+
+
 def load_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> LeanModel:
-    """Build a LeanModel from a Hugging Face checkpoint folder, in eval mode on `device`."""
+    """Build a LeanModel from a Hugging Face checkpoint folder (or a cached model id), in eval mode on `device`."""
     import torch
 
     from dspark_core.model import LeanModel
 
-    folder = Path(path)
-    if not folder.is_dir():
-        raise DSparkError(f"checkpoint folder {folder} not found; run `python cli.py build-tiny` or fix the path")
+    folder = checkpoint_folder(path)
     arch = ArchConfig.from_file(folder)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)

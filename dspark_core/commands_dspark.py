@@ -76,6 +76,25 @@ def target_data(target: Any, target_path: Path, *, sequences: int, prompt_len: i
     return TrainData(tokens=torch.cat(chunks), prompt_len=prompt_len)
 
 
+MASK_TOKENS = ("<|MASK|>", "<|mask|>", "<mask>", "[MASK]")  # spellings of a dedicated mask token
+
+
+def default_mask_token(target: Path) -> int:
+    """The id the mask slots embed: the tokenizer's dedicated mask token when it has one (SGLang's default
+    spelling `<|MASK|>` first), else its end-of-text token, which never occurs inside a drafted block."""
+    from dspark_core.checkpoint import checkpoint_folder
+    from dspark_core.tokenizer import EOS_TOKEN, Tokenizer
+
+    tok = Tokenizer.load(checkpoint_folder(target))
+    for name in (*MASK_TOKENS, EOS_TOKEN):
+        tid = tok.tok.token_to_id(name)
+        if tid is not None:
+            return int(tid)
+    if tok.eos_ids:
+        return int(tok.eos_ids[0])
+    raise DSparkError(f"the tokenizer of {target} has no mask or end-of-text token; pass --mask-token-id")
+
+
 def train_drafter_cmd(
     head: Annotated[str, typer.Option(help="Sequential head: none (DFlash-style), markov or rnn.")] = "markov",
     out: Annotated[Path | None, typer.Option(help="Output folder (default: the tiny drafter for --head).")] = None,
@@ -94,6 +113,9 @@ def train_drafter_cmd(
     greedy_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of greedy continuations.")] = 0.5,
     temperature: Annotated[float, typer.Option(min=0.0, help="Temperature of the sampled continuations.")] = 0.8,
     seed: Annotated[int, typer.Option(help="Seed for data, init and anchors.")] = 0,
+    mask_token_id: Annotated[int | None, typer.Option(help="Token the mask slots embed (SGLang / vLLM read it from "
+                                                      "the drafter's config; default: the tokenizer's mask token, "
+                                                      "else its end-of-text token).")] = None,
     state_dir: Annotated[Path | None, typer.Option(help="Checkpoints + cached data (default: user cache).")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Ignore a previous run's checkpoint.")] = False,
     max_minutes: Annotated[float, typer.Option(min=0.0, help="Stop training after this long (0 = no limit); "
@@ -125,12 +147,13 @@ def train_drafter_cmd(
     work.mkdir(parents=True, exist_ok=True)
     if fresh:
         (work / STATE_FILE).unlink(missing_ok=True)
+    mask = mask_token_id if mask_token_id is not None else default_mask_token(target)
     cfg = TrainConfig(head=head, block_size=block_size, num_layers=layers, markov_rank=rank, steps=steps,
-                      batch_seqs=batch_seqs, anchors_per_seq=anchors, lr=lr, seed=seed)
+                      batch_seqs=batch_seqs, anchors_per_seq=anchors, lr=lr, seed=seed, mask_token_id=mask)
     state_file = work / STATE_FILE
     if state_file.is_file():
         prev = torch.load(state_file, weights_only=False).get("config", {})
-        keys = ("head", "block_size", "num_layers", "markov_rank")
+        keys = ("head", "block_size", "num_layers", "markov_rank", "mask_token_id")
         if any(prev.get(k) != getattr(cfg, k) for k in keys):
             raise DSparkError(f"{state_file} is from a different drafter ({ {k: prev.get(k) for k in keys} }); "
                               "pass --fresh or another --out")

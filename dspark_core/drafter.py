@@ -18,7 +18,7 @@ dspark_core/dspark_runtime.py; `build_drafter` below is the registry entry point
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from dspark_core.drafters.base import Drafter
     from dspark_core.model import LeanModel
 
-CONFIG_FILE = "dspark_config.json"  # drafter architecture, next to the weights
+ENGINE_CONFIG = "config.json"  # drafter architecture in the engines' layout (dspark_core/drafter_layout.py)
+CONFIG_FILE = "dspark_config.json"  # the older layout's architecture file (still loaded)
 WEIGHTS_FILE = "model.safetensors"  # drafter weights (without the shared embedding / LM head)
 
 
@@ -59,6 +60,9 @@ class DraftConfig:
     intermediate_size: int = 512  # SwiGLU inner width
     rms_norm_eps: float = 1e-6  # RMSNorm epsilon
     rope_theta: float = 10000.0  # RoPE base (as the target's)
+    mask_token_id: int | None = 0  # slots 1..G-1 embed this token with the target's table, as SGLang and vLLM
+    # do (train-drafter takes the tokenizer's mask or end-of-text token); None: a learned mask vector (the older
+    # dspark_config.json drafters; the engines cannot load those)
     extra: dict[str, object] = field(default_factory=dict)  # provenance (target path, training steps, ...)
 
     def __post_init__(self) -> None:
@@ -68,6 +72,8 @@ class DraftConfig:
             raise ValueError("target_layers is empty; the backbone needs at least one target layer")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})")
 
     @property
     def context_width(self) -> int:
@@ -160,8 +166,10 @@ class DSparkDraftModel(nn.Module):
         h = cfg.hidden_size
         self.ctx_proj = nn.Linear(cfg.context_width, h, bias=False)  # concat(target layers) -> H
         self.ctx_norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.mask_embed = nn.Parameter(torch.zeros(h))  # input of block slots 1..G-1
-        nn.init.normal_(self.mask_embed, std=0.02)
+        self.mask_embed: nn.Parameter | None = None  # learned input of block slots 1..G-1 (older drafters only)
+        if cfg.mask_token_id is None:
+            self.mask_embed = nn.Parameter(torch.zeros(h))
+            nn.init.normal_(self.mask_embed, std=0.02)
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.head = SequentialHead(cfg.head, cfg.vocab_size, h, cfg.markov_rank)  # type: ignore[arg-type]
@@ -173,6 +181,15 @@ class DSparkDraftModel(nn.Module):
         return self._shared[0]
 
     @property
+    def param_dtype(self) -> torch.dtype:
+        """The drafter's own weight dtype (what its activations run in)."""
+        return self.ctx_proj.weight.dtype
+
+    @property
+    def param_device(self) -> torch.device:
+        return self.ctx_proj.weight.device
+
+    @property
     def lm_head(self) -> nn.Linear:
         return self._shared[1]
 
@@ -180,22 +197,29 @@ class DSparkDraftModel(nn.Module):
         """pos [B, L] -> cos, sin [B, L, 1, hd]."""
         freqs = pos.to(self.inv_freq.device).float()[..., None] * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
-        dt = self.mask_embed.dtype
+        dt = self.param_dtype
         return emb.cos().to(dt), emb.sin().to(dt)
 
     def context_features(self, target_hidden: torch.Tensor) -> torch.Tensor:
         """[..., len(target_layers) * H] target states -> [..., H] projected, RMS-normed features."""
-        return self.ctx_norm(self.ctx_proj(target_hidden.to(self.mask_embed.dtype)))
+        return self.ctx_norm(self.ctx_proj(target_hidden.to(self.param_dtype)))
 
     def context_kv(self, feats: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """feats [B, L, H] at positions pos [B, L] -> per draft layer (k, v) [B, L, nkv, hd]."""
         cos, sin = self.rope(pos)
         return [layer.keys_values(feats, cos, sin) for layer in self.layers]
 
+    def mask_vector(self) -> torch.Tensor:
+        """[H] input of block slots 1..G-1: the target's embedding of mask_token_id (or the learned vector)."""
+        if self.mask_embed is not None:
+            return self.mask_embed
+        tok = torch.tensor(self.cfg.mask_token_id, device=self.embed.weight.device)
+        return self.embed(tok).to(self.param_dtype)
+
     def block_inputs(self, anchors: torch.Tensor, g: int) -> torch.Tensor:
-        """anchors [...] long -> [..., g, H]: anchor embedding then g - 1 mask vectors."""
-        a = self.embed(anchors).to(self.mask_embed.dtype).unsqueeze(-2)  # [..., 1, H]
-        m = self.mask_embed.expand(*anchors.shape, g - 1, self.cfg.hidden_size)
+        """anchors [...] long -> [..., g, H]: anchor embedding then g - 1 mask inputs."""
+        a = self.embed(anchors).to(self.param_dtype).unsqueeze(-2)  # [..., 1, H]
+        m = self.mask_vector().expand(*anchors.shape, g - 1, self.cfg.hidden_size)
         return torch.cat([a, m], dim=-2)
 
     def backbone(self, x: torch.Tensor, pos: torch.Tensor, ctx: list[tuple[torch.Tensor, torch.Tensor]],
@@ -298,31 +322,61 @@ class DSparkDraftModel(nn.Module):
         return DraftOut(tokens=tokens, probs=probs, confidence_logits=conf)
 
 
-def save_drafter(model: DSparkDraftModel, folder: str | Path, dtype: torch.dtype = torch.float16) -> Path:
-    """Write config + weights (not the shared embedding / LM head) atomically into `folder`."""
+def save_drafter(model: DSparkDraftModel, folder: str | Path, dtype: torch.dtype = torch.bfloat16,
+                 target_layers: int | None = None, max_positions: int = 32768) -> Path:
+    """Write the drafter in the layout SGLang and vLLM load (dspark_core/drafter_layout.py): config.json +
+    model.safetensors, without the shared embedding / LM head, each file atomically. `target_layers`: the
+    target's depth (default: one past the deepest context layer); `max_positions`: the target's context."""
     from safetensors.torch import save_file
+
+    from dspark_core.drafter_layout import engine_config, engine_tensors
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to(dtype).contiguous().cpu() for k, v in model.state_dict().items()}
-    for name, write in ((WEIGHTS_FILE, lambda p: save_file(tensors, p)),
-                        (CONFIG_FILE, lambda p: Path(p).write_text(json.dumps(asdict(model.cfg), indent=2)))):
+    depth = target_layers if target_layers is not None else max(model.cfg.target_layers) + 1
+    cfg = engine_config(model.cfg, depth, max_positions, dtype)
+    tensors = {k: v.detach().to(dtype).contiguous().cpu() for k, v in engine_tensors(model).items()}
+    for name, write in ((WEIGHTS_FILE, lambda p: save_file(tensors, p, metadata={"format": "pt"})),
+                        (ENGINE_CONFIG, lambda p: Path(p).write_text(json.dumps(cfg, indent=2) + "\n"))):
         atomic_write(out / name, write)
+    (out / CONFIG_FILE).unlink(missing_ok=True)  # an older layout's config beside the new one would be ambiguous
     return out
 
 
+def is_drafter(folder: str | Path) -> bool:
+    """Whether `folder` holds a DSpark drafter in either layout."""
+    p = Path(folder)
+    return (p / WEIGHTS_FILE).is_file() and ((p / CONFIG_FILE).is_file() or _engine_config(p) is not None)
+
+
+def _engine_config(folder: Path) -> dict | None:
+    path = folder / ENGINE_CONFIG
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and "dflash_config" in data else None
+
+
 def load_drafter(folder: str | Path, target: LeanModel) -> DSparkDraftModel:
-    """Load a drafter saved by `save_drafter` and attach it to `target` (same vocabulary and width)."""
+    """Load a drafter (the engines' layout, or the older dspark_config.json one) and attach it to `target`
+    (same vocabulary and width)."""
     from safetensors.torch import load_file
 
+    from dspark_core.drafter_layout import config_from_engine, state_from_engine
+
     p = Path(folder)
-    if not (p / CONFIG_FILE).is_file() or not (p / WEIGHTS_FILE).is_file():
-        raise DSparkError(f"no DSpark drafter at {p} (need {CONFIG_FILE} + {WEIGHTS_FILE}); "
+    engine = _engine_config(p)
+    if not (p / WEIGHTS_FILE).is_file() or (engine is None and not (p / CONFIG_FILE).is_file()):
+        raise DSparkError(f"no DSpark drafter at {p} (need config.json with dflash_config + {WEIGHTS_FILE}); "
                           "train one with `python cli.py train-drafter`")
-    try:
-        cfg = DraftConfig(**json.loads((p / CONFIG_FILE).read_text()))
-    except (json.JSONDecodeError, TypeError, ValueError) as e:
-        raise DSparkError(f"{p / CONFIG_FILE} is not a valid drafter config ({e}); retrain or fix it") from None
+    if engine is not None:
+        cfg = config_from_engine(engine, str(p / ENGINE_CONFIG))
+    else:
+        try:
+            cfg = DraftConfig(**{"mask_token_id": None, **json.loads((p / CONFIG_FILE).read_text())})
+        except (json.JSONDecodeError, TypeError, ValueError) as e:
+            raise DSparkError(f"{p / CONFIG_FILE} is not a valid drafter config ({e}); retrain or fix it") from None
     arch = target.arch
     if (cfg.vocab_size, cfg.hidden_size) != (arch.vocab_size, arch.hidden_size) or \
             max(cfg.target_layers) >= arch.num_hidden_layers:
@@ -330,6 +384,8 @@ def load_drafter(folder: str | Path, target: LeanModel) -> DSparkDraftModel:
                           f"{cfg.hidden_size}, layers {cfg.target_layers}); train one for this target")
     model = DSparkDraftModel(cfg, target.embed, target.lm_head)
     sd = load_file(str(p / WEIGHTS_FILE))
+    if engine is not None:
+        sd = state_from_engine(sd, cfg, str(p / WEIGHTS_FILE))
     missing, unexpected = model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
     if missing or unexpected:
         raise DSparkError(f"drafter weights {p / WEIGHTS_FILE} do not match its config "

@@ -19,7 +19,7 @@ import torch
 
 from dspark_core.calibrate import StsCalibration
 from dspark_core.config import ASSETS
-from dspark_core.drafter import CONFIG_FILE, DSparkDraftModel, load_drafter
+from dspark_core.drafter import DSparkDraftModel, is_drafter, load_drafter
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult
 from dspark_core.errors import DSparkError
 
@@ -45,7 +45,7 @@ class DSparkDrafter(Drafter):
 
     def _kv(self, hidden: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """hidden [n, W] target states at positions pos [n] -> per layer (k, v) [n, nkv, hd]."""
-        dev = self.model.mask_embed.device
+        dev = self.model.param_device
         feats = self.model.context_features(hidden.to(dev)[None])
         return [(k[0], v[0]) for k, v in self.model.context_kv(feats, pos.to(dev)[None])]
 
@@ -107,7 +107,7 @@ class DSparkDrafter(Drafter):
         conf = torch.zeros(b, g)
         if not rows:
             return Proposal(tokens=tokens, num=[0] * b)
-        dev = self.model.mask_embed.device
+        dev = self.model.param_device
         lens = [self.context_len(requests[i].slot) for i in rows]
         for i, n in zip(rows, lens, strict=True):
             if n != len(requests[i].tokens) - 1:
@@ -156,7 +156,7 @@ class DSparkDrafter(Drafter):
 
 def drafter_folder(config: EngineConfig) -> Path:
     """`drafter.path` when it holds a DSpark drafter, else the committed tiny drafter for `spec.head`."""
-    if config.drafter.path and (Path(config.drafter.path) / CONFIG_FILE).is_file():
+    if config.drafter.path and is_drafter(config.drafter.path):
         return Path(config.drafter.path)
     return ASSETS / "drafters" / config.spec.head
 

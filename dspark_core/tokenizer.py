@@ -24,6 +24,10 @@ class Tokenizer:
         from tokenizers import Tokenizer as HFTokenizer
 
         p = Path(folder)
+        if not p.exists() and not str(folder).endswith(".json"):
+            from dspark_core.checkpoint import checkpoint_folder
+
+            p = checkpoint_folder(folder)  # a cached Hugging Face model id
         p = p / "tokenizer.json" if p.is_dir() else p
         if not p.is_file():
             raise DSparkError(f"no tokenizer.json at {p}; copy the checkpoint's tokenizer or set model.tokenizer")

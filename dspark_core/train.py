@@ -56,6 +56,7 @@ class TrainConfig:
     markov_rank: int = 64  # r of W1 / W2 (and RNN state width)
     intermediate_size: int = 0  # SwiGLU width of the draft layers (0 = the target's)
     target_layers: list[int] = field(default_factory=list)  # target layers for the context ([] = spread)
+    mask_token_id: int | None = None  # token embedded in the mask slots (None: a learned vector, the old layout)
     steps: int = 600  # optimiser steps
     batch_seqs: int = 12  # sequences per step
     anchors_per_seq: int = 6  # blocks per sequence per step
@@ -179,6 +180,8 @@ def build_model(cfg: TrainConfig, target: LeanModel) -> DSparkDraftModel:
         over["intermediate_size"] = cfg.intermediate_size
     if cfg.target_layers:
         over["target_layers"] = list(cfg.target_layers)
+    if cfg.mask_token_id is not None:
+        over["mask_token_id"] = cfg.mask_token_id
     dcfg = DraftConfig.for_target(target.arch, **over)
     torch.manual_seed(cfg.seed)
     return DSparkDraftModel(dcfg, target.embed, target.lm_head).to(target.device)
@@ -248,7 +251,8 @@ def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Pat
             break
     model.eval()
     model.cfg.extra.update({"train": asdict(cfg), "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    save_drafter(model, out)
+    save_drafter(model, out, target_layers=target.arch.num_hidden_layers,
+                 max_positions=target.arch.max_position_embeddings)
     return model
 
 

@@ -29,7 +29,7 @@ def _checkpoint(profile: Profile) -> Path:
         p = p.parent
     if src and (p / "config.json").is_file() and any(p.glob("*.safetensors")):
         return p
-    if profile.hw.arch == "cpu" or not src:
+    if not src:  # no model named: the tiny reference target
         return ASSETS / "target"
     raise TunerError(f"cannot measure {profile.model.name or src} here: no checkpoint folder; pass --mode simulate "
                      "or --model PATH to a Hugging Face checkpoint folder")
@@ -70,17 +70,26 @@ class MeasureEvaluator(Evaluator):
         return f"measured with dspark_core on this device ({self.path.name}, {len(self.prompts)} prompts)"
 
     def config(self, params: dict[str, Any]):  # -> EngineConfig
-        from dspark_core.config import apply_params
+        """The exported engine config of `params` (tuner/engine_config.py), as run here: the bundled engine on
+        this device, as many KV slots as prompts (more are never used by this measurement, and allocating and
+        SPS-profiling 1024 of them cost ~30 s), the bench's output length."""
+        from tuner.engine_config import tuned_engine_config
 
-        engine_params = {k: v for k, v in params.items() if not k.startswith(("parallel.", "memory."))}
-        # more KV slots than prompts are never used here, but allocating and SPS-profiling 1024 of them cost ~30 s
-        engine_params["batch.max_requests"] = min(int(params["batch.max_requests"]), len(self.prompts))
-        cfg = apply_params(self.base, engine_params)
-        cfg.drafter.method = "dspark" if cfg.spec.enabled else "plain"
-        cfg.drafter.path = None
+        cfg = tuned_engine_config(self.profile, params, self.drafter_path(params), model_path=str(self.path))
+        cfg.device = self.base.device
+        cfg.batch.max_requests = min(cfg.batch.max_requests, len(self.prompts))
+        cfg.parallel = type(cfg.parallel)()  # the bundled engine runs one device
         cfg.sampling.max_new_tokens = self.max_new_tokens
-        cfg.sampling.temperature = self.profile.workload.temperature or 0.0
         return cfg
+
+    def drafter_path(self, params: dict[str, Any]) -> str | None:
+        """The DSpark drafter measured for `params`: the engine's own for the tuned head (the tiny target's)."""
+        from dspark_core.dspark_runtime import drafter_folder
+        from tuner.engine_config import tuned_engine_config
+
+        if not params.get("spec.enabled", True):
+            return None
+        return str(drafter_folder(tuned_engine_config(self.profile, params, None, str(self.path))))
 
     def evaluate(self, params: dict[str, Any], seed: int = 0) -> Evaluation:
         from dspark_core.engine import Engine

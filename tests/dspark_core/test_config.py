@@ -52,3 +52,25 @@ def test_missing_file_and_unknown_parameter() -> None:
         load_config("/nonexistent/dspark.yaml")
     with pytest.raises(DSparkError, match="unknown engine parameter"):
         apply_params(EngineConfig(), {"spec.gamma": 3})
+
+
+def test_a_model_id_loads_from_the_local_cache_only(tmp_path, monkeypatch):
+    import shutil
+
+    from dspark_core.checkpoint import checkpoint_folder, load_model
+    from dspark_core.config import ASSETS
+    from dspark_core.errors import DSparkError
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(DSparkError, match="huggingface-cli download acme/tiny"):
+        checkpoint_folder("acme/tiny")
+    snap = tmp_path / "hub" / "models--acme--tiny" / "snapshots" / ("0" * 40)  # the cache's own layout
+    shutil.copytree(ASSETS / "target", snap)
+    (tmp_path / "hub" / "models--acme--tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--acme--tiny" / "refs" / "main").write_text("0" * 40)
+    assert checkpoint_folder("acme/tiny") == snap
+    assert load_model("acme/tiny", "cpu").arch.vocab_size == 4096

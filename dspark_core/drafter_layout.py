@@ -1,0 +1,162 @@
+"""The DSpark drafter checkpoint layout the released engines load (SGLang 0.5.23 and vLLM 0.33), both ways.
+
+One folder serves both engines and ours: `config.json` + `model.safetensors`.
+* config.json: `architectures: ["Qwen3DSparkModel"]` and `model_type: "qwen3"` (SGLang reads the config through
+  transformers' AutoConfig and refuses an unknown model_type; vLLM rewrites any other DSpark architecture to
+  DeepSeek-V4's, which is why a Llama-type draft config does not work there: the draft's own layers are Qwen3-style
+  whatever the target). Backbone fields as a Qwen3 config; `block_size` (gamma), `markov_rank`, `markov_head_type`,
+  `enable_confidence_head`, `confidence_head_with_markov` and `sample_from_anchor` at the top level (SGLang's model
+  builder and vLLM's defaults read them only there; vLLM refuses `sample_from_anchor` inside `dflash_config`);
+  `dflash_config` with `block_size`, `target_layer_ids` (HF numbering: the output of target layer k),
+  `num_target_layers` and `mask_token_id`. Our own settings (the head kind, training provenance) sit under
+  `dspark_tune`, which both engines ignore.
+* Tensors, without a `model.` prefix (vLLM adds its own and refuses a second), without the embedding and LM head
+  (both engines share the target's): `layers.i.self_attn.{q,k,v,o}_proj`, `.{q,k}_norm`, `layers.i.mlp.{gate,up,down}
+  _proj`, `layers.i.{input,post_attention}_layernorm`, `norm`, `fc` (the target-state projection), `hidden_norm`,
+  `markov_head.markov_w1` / `markov_w2` ([V, r] each), `markov_head.joint_proj` (RNN head: [3r, 2r + H] + bias, rows
+  gate / candidate / output, input [state; W1[x]; h]) and `confidence_head.proj` ([1, H + r] + bias).
+The formulas behind those names are ours exactly (dspark_core/heads.py; SGLang models/dspark.py `VanillaMarkov`,
+`RNNHead`, `DSparkConfidenceHead`). Head `none` (the DFlash-style ablation) has no Markov bias; both engines require
+markov_rank > 0 for DSpark, so it ships as a vanilla head with W2 = 0, which adds exactly nothing.
+Sources (file and line in each release): docs/drafters.md; checked by benchmarks/interop_check.py.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dspark_core.errors import DSparkError
+
+if TYPE_CHECKING:
+    from dspark_core.drafter import DraftConfig, DSparkDraftModel
+
+ARCHITECTURE = "Qwen3DSparkModel"  # the one DSpark architecture both engines map to their dense Qwen3-style draft
+HEAD_TYPES = {"none": "vanilla", "markov": "vanilla", "rnn": "rnn"}  # our head -> markov_head_type
+
+
+def engine_config(cfg: DraftConfig, num_target_layers: int, max_position_embeddings: int,
+                  dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
+    """config.json of a drafter in the engines' layout."""
+    if cfg.mask_token_id is None:
+        raise DSparkError("this drafter learned its own mask vector, which the engines cannot load (they embed a mask "
+                          "token id); retrain it with `python cli.py train-drafter` to export it")
+    return {
+        "architectures": [ARCHITECTURE], "model_type": "qwen3",
+        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
+        "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta, "hidden_act": "silu",
+        "attention_bias": False, "tie_word_embeddings": False, "max_position_embeddings": max_position_embeddings,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+        "block_size": cfg.block_size,
+        "dflash_config": {"block_size": cfg.block_size, "target_layer_ids": list(cfg.target_layers),
+                          "num_target_layers": num_target_layers, "mask_token_id": cfg.mask_token_id},
+        "markov_rank": cfg.markov_rank, "markov_head_type": HEAD_TYPES[cfg.head],
+        "enable_confidence_head": True, "confidence_head_with_markov": True, "sample_from_anchor": True,
+        "dspark_tune": {"head": cfg.head, "extra": cfg.extra},
+    }
+
+
+def engine_tensors(model: DSparkDraftModel) -> dict[str, torch.Tensor]:
+    """The drafter's weights under the engines' names (fused q/kv and gate/up split again)."""
+    c = model.cfg
+    kvw = c.num_kv_heads * c.head_dim
+    out: dict[str, torch.Tensor] = {"fc.weight": model.ctx_proj.weight, "hidden_norm.weight": model.ctx_norm.weight,
+                                    "norm.weight": model.norm.weight}
+    for i, layer in enumerate(model.layers):
+        p = f"layers.{i}."
+        k, v = layer.kv.weight.split([kvw, kvw])
+        gate, up = layer.gate_up.weight.chunk(2)
+        out |= {p + "input_layernorm.weight": layer.input_norm.weight,
+                p + "post_attention_layernorm.weight": layer.post_norm.weight,
+                p + "self_attn.q_proj.weight": layer.q.weight, p + "self_attn.k_proj.weight": k,
+                p + "self_attn.v_proj.weight": v, p + "self_attn.o_proj.weight": layer.o.weight,
+                p + "self_attn.q_norm.weight": layer.q_norm.weight, p + "self_attn.k_norm.weight": layer.k_norm.weight,
+                p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
+                p + "mlp.down_proj.weight": layer.down.weight}
+    head = model.head
+    out["markov_head.markov_w1.weight"] = head.w1.weight
+    out["markov_head.markov_w2.weight"] = head.w2.weight if head.w2 is not None else torch.zeros_like(head.w1.weight)
+    if head.rnn is not None:
+        out["markov_head.joint_proj.weight"] = head.rnn.weight
+        out["markov_head.joint_proj.bias"] = head.rnn.bias
+    out["confidence_head.proj.weight"] = model.confidence.proj.weight
+    out["confidence_head.proj.bias"] = model.confidence.proj.bias
+    return out
+
+
+def expected_names(cfg: DraftConfig) -> set[str]:
+    """Every tensor a drafter of `cfg` must ship (both engines load an incomplete checkpoint without a word)."""
+    per_layer = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
+                 "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                 "self_attn.q_norm.weight", "self_attn.k_norm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                 "mlp.down_proj.weight")
+    names = {f"layers.{i}.{n}" for i in range(cfg.num_layers) for n in per_layer}
+    names |= {"fc.weight", "hidden_norm.weight", "norm.weight", "markov_head.markov_w1.weight",
+              "markov_head.markov_w2.weight", "confidence_head.proj.weight", "confidence_head.proj.bias"}
+    if cfg.head == "rnn":
+        names |= {"markov_head.joint_proj.weight", "markov_head.joint_proj.bias"}
+    return names
+
+
+def config_from_engine(data: dict[str, Any], where: str) -> DraftConfig:
+    """Our DraftConfig from an engine-layout config.json (ours, or one of the same fields from elsewhere)."""
+    from dspark_core.drafter import DraftConfig
+
+    try:
+        dflash = data.get("dflash_config") or {}
+        ours = data.get("dspark_tune") or {}
+        kind = str(data.get("markov_head_type", "vanilla")).lower()
+        if kind not in ("vanilla", "rnn"):
+            raise ValueError(f"markov_head_type {kind!r} (the bundled engine runs vanilla and rnn heads)")
+        head = ours.get("head") or ("markov" if kind == "vanilla" else "rnn")
+        if HEAD_TYPES.get(head) != kind:
+            raise ValueError(f"dspark_tune.head {head!r} does not match markov_head_type {kind!r}")
+        if not data.get("sample_from_anchor", True):
+            raise ValueError("sample_from_anchor false (the bundled engine drafts from the anchor slot)")
+        hidden, heads = int(data["hidden_size"]), int(data["num_attention_heads"])
+        return DraftConfig(
+            vocab_size=int(data["vocab_size"]), hidden_size=hidden,
+            target_layers=[int(x) for x in dflash.get("target_layer_ids", data.get("target_layer_ids", []))],
+            block_size=int(dflash.get("block_size", data.get("block_size", 7))), head=head,
+            markov_rank=int(data["markov_rank"]), num_layers=int(data["num_hidden_layers"]), num_heads=heads,
+            num_kv_heads=int(data.get("num_key_value_heads", heads)),
+            head_dim=int(data.get("head_dim") or hidden // heads), intermediate_size=int(data["intermediate_size"]),
+            rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)), rope_theta=float(data.get("rope_theta", 10000.0)),
+            mask_token_id=int(dflash.get("mask_token_id", data.get("mask_token_id"))),
+            extra=dict(ours.get("extra") or {}))
+    except (KeyError, TypeError, ValueError) as e:
+        raise DSparkError(f"{where} is not a DSpark drafter config the bundled engine runs ({e})") from None
+
+
+def state_from_engine(tensors: dict[str, torch.Tensor], cfg: DraftConfig, where: str) -> dict[str, torch.Tensor]:
+    """Our module state dict from the engines' tensors (fused projections rebuilt); missing ones are an error."""
+    names = {n.removeprefix("model.") for n in tensors}
+    missing = sorted(expected_names(cfg) - names)
+    if missing:
+        raise DSparkError(f"drafter weights {where} lack {missing[:3]} ({len(missing)} missing); re-export them")
+    t = {n.removeprefix("model."): v for n, v in tensors.items()}
+    sd: dict[str, torch.Tensor] = {"ctx_proj.weight": t["fc.weight"], "ctx_norm.weight": t["hidden_norm.weight"],
+                                   "norm.weight": t["norm.weight"], "head.w1.weight": t["markov_head.markov_w1.weight"],
+                                   "confidence.proj.weight": t["confidence_head.proj.weight"],
+                                   "confidence.proj.bias": t["confidence_head.proj.bias"]}
+    if cfg.head != "none":
+        sd["head.w2.weight"] = t["markov_head.markov_w2.weight"]
+    elif t["markov_head.markov_w2.weight"].abs().max() > 0:
+        raise DSparkError(f"drafter {where} says head none but its markov_w2 is not zero; fix dspark_tune.head")
+    if cfg.head == "rnn":
+        sd["head.rnn.weight"] = t["markov_head.joint_proj.weight"]
+        sd["head.rnn.bias"] = t["markov_head.joint_proj.bias"]
+    for i in range(cfg.num_layers):
+        p, q = f"layers.{i}.", f"layers.{i}."
+        sd |= {q + "input_norm.weight": t[p + "input_layernorm.weight"],
+               q + "post_norm.weight": t[p + "post_attention_layernorm.weight"],
+               q + "q.weight": t[p + "self_attn.q_proj.weight"],
+               q + "kv.weight": torch.cat([t[p + "self_attn.k_proj.weight"], t[p + "self_attn.v_proj.weight"]]),
+               q + "o.weight": t[p + "self_attn.o_proj.weight"], q + "q_norm.weight": t[p + "self_attn.q_norm.weight"],
+               q + "k_norm.weight": t[p + "self_attn.k_norm.weight"],
+               q + "gate_up.weight": torch.cat([t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]]),
+               q + "down.weight": t[p + "mlp.down_proj.weight"]}
+    return sd

@@ -1,0 +1,56 @@
+"""Tuned parameters -> the bundled engine's config: one function for what `measure` runs and what `export`
+writes as dspark.yaml, so the exported engine config is the one that was tuned.
+
+The model is named the way both the engines and ours take it: a local checkpoint folder, else the Hugging Face
+model id of the catalogue entry (never a web address), else the model's name.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from profiler.schema import Profile
+
+HF_URL = re.compile(r"^https?://huggingface\.co/([^/\s]+)/([^/\s]+)")
+SEQ_ALIGN = 256  # max_seq_len is rounded up to this many positions
+
+
+def model_ref(profile: Profile) -> str:
+    """A checkpoint folder here, or a Hugging Face model id (`Qwen/Qwen3-8B`), or the model's name."""
+    src = profile.model.source or ""
+    p = Path(src)
+    if src and p.exists():
+        return str((p.parent if p.is_file() else p).resolve())
+    m = HF_URL.match(src)
+    if m:
+        return f"{m.group(1)}/{m.group(2)}"
+    return profile.model.name or "MODEL"
+
+
+def max_seq_len(profile: Profile, gamma: int) -> int:
+    """KV positions per request: the workload's p99 prompt + p99 output + one verify block, rounded up to
+    SEQ_ALIGN, never beyond the model's context (the profile has already fitted the workload into it)."""
+    wl = profile.workload
+    p99 = ((wl.prompt_len.p99 if wl.prompt_len else None) or 0) + ((wl.output_len.p99 if wl.output_len else None) or 0)
+    need = int(p99) + gamma + 1
+    aligned = -(-max(need, 16) // SEQ_ALIGN) * SEQ_ALIGN
+    ctx = profile.model.max_context
+    return max(16, min(aligned, ctx)) if ctx else aligned
+
+
+def tuned_engine_config(profile: Profile, params: dict[str, Any], drafter_path: str | None,
+                        model_path: str | None = None):  # -> EngineConfig
+    """The EngineConfig of a tuned parameter set: every engine parameter as tuned, the profile's model (or
+    `model_path`, the checkpoint a measurement ran), a KV length that holds the workload, DSpark with
+    `drafter_path` (None: the engine's own drafter for the tuned head, the tiny target's) when speculation is on."""
+    from dspark_core.config import EngineConfig, apply_params
+
+    cfg = apply_params(EngineConfig(), params)
+    cfg.model.path = model_path or model_ref(profile)
+    cfg.model.max_seq_len = max_seq_len(profile, int(params.get("spec.block_size", cfg.spec.block_size)))
+    cfg.drafter.method = "dspark" if cfg.spec.enabled else "plain"
+    cfg.drafter.path = drafter_path if cfg.spec.enabled else None
+    cfg.sampling.temperature = profile.workload.temperature or 0.0
+    return cfg
