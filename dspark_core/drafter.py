@@ -358,12 +358,9 @@ def _engine_config(folder: Path) -> dict | None:
     return data if isinstance(data, dict) and "dflash_config" in data else None
 
 
-def load_drafter(folder: str | Path, target: LeanModel) -> DSparkDraftModel:
-    """Load a drafter (the engines' layout, or the older dspark_config.json one) and attach it to `target`
-    (same vocabulary and width)."""
-    from safetensors.torch import load_file
-
-    from dspark_core.drafter_layout import config_from_engine, state_from_engine
+def read_drafter_config(folder: str | Path) -> DraftConfig:
+    """The architecture of the drafter in `folder` (either layout), without loading its weights."""
+    from dspark_core.drafter_layout import config_from_engine
 
     p = Path(folder)
     engine = _engine_config(p)
@@ -371,12 +368,23 @@ def load_drafter(folder: str | Path, target: LeanModel) -> DSparkDraftModel:
         raise DSparkError(f"no DSpark drafter at {p} (need config.json with dflash_config + {WEIGHTS_FILE}); "
                           "train one with `python cli.py train-drafter`")
     if engine is not None:
-        cfg = config_from_engine(engine, str(p / ENGINE_CONFIG))
-    else:
-        try:
-            cfg = DraftConfig(**{"mask_token_id": None, **json.loads((p / CONFIG_FILE).read_text())})
-        except (json.JSONDecodeError, TypeError, ValueError) as e:
-            raise DSparkError(f"{p / CONFIG_FILE} is not a valid drafter config ({e}); retrain or fix it") from None
+        return config_from_engine(engine, str(p / ENGINE_CONFIG))
+    try:
+        return DraftConfig(**{"mask_token_id": None, **json.loads((p / CONFIG_FILE).read_text())})
+    except (json.JSONDecodeError, TypeError, ValueError) as e:
+        raise DSparkError(f"{p / CONFIG_FILE} is not a valid drafter config ({e}); retrain or fix it") from None
+
+
+def load_drafter(folder: str | Path, target: LeanModel) -> DSparkDraftModel:
+    """Load a drafter (the engines' layout, or the older dspark_config.json one) and attach it to `target`
+    (same vocabulary and width)."""
+    from safetensors.torch import load_file
+
+    from dspark_core.drafter_layout import state_from_engine
+
+    p = Path(folder)
+    cfg = read_drafter_config(p)
+    engine = _engine_config(p)
     arch = target.arch
     if (cfg.vocab_size, cfg.hidden_size) != (arch.vocab_size, arch.hidden_size) or \
             max(cfg.target_layers) >= arch.num_hidden_layers:

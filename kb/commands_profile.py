@@ -26,6 +26,10 @@ SloTtftOpt = Annotated[float | None, typer.Option(
     "--slo-ttft-ms", help="p99 time-to-first-token SLO in ms, replacing the workload's (0: none).")]
 SloTpotOpt = Annotated[float | None, typer.Option(
     "--slo-tpot-ms", help="p99 time-per-output-token SLO in ms, replacing the workload's (0: none).")]
+DrafterOpt = Annotated[str | None, typer.Option(
+    "--drafter", help="DSpark drafter the deployment runs: auto (the model's published drafter, if any), none "
+                      "(train one for the tuned configuration) or a drafter folder. It fixes head, depth and the "
+                      "longest block.")]
 
 
 def register(app: typer.Typer) -> None:
@@ -52,6 +56,7 @@ def register(app: typer.Typer) -> None:
         concurrency: ConcurrencyOpt = None,
         slo_ttft_ms: SloTtftOpt = None,
         slo_tpot_ms: SloTpotOpt = None,
+        drafter: DrafterOpt = None,
         list_models: Annotated[bool, typer.Option("--list-models", help="List the model catalogue.")] = False,
         list_gpus: Annotated[bool, typer.Option("--list-gpus", help="List the GPU catalogue.")] = False,
     ) -> None:
@@ -66,7 +71,7 @@ def register(app: typer.Typer) -> None:
         from profiler.workload import Traffic
 
         p = _build_with_progress(model, gpu, workload, measure, entropy, quiet=json_out, quality=quality,
-                                 gpus=gpus, traffic=Traffic(concurrency, slo_ttft_ms, slo_tpot_ms))
+                                 gpus=gpus, traffic=Traffic(concurrency, slo_ttft_ms, slo_tpot_ms), drafter=drafter)
         profile_id = None
         if store:
             from kb.db import open_db
@@ -89,14 +94,15 @@ def register(app: typer.Typer) -> None:
 
 def _build_with_progress(model: str | None, gpu: str | None, workload: str | None, measure: bool,
                          entropy: bool | None, quiet: bool, quality: str | None = None,
-                         gpus: int | None = None, traffic: Traffic | None = None):  # -> Profile
+                         gpus: int | None = None, traffic: Traffic | None = None,
+                         drafter: str | None = None):  # -> Profile
     """build_profile with a progress bar on stderr while micro-benchmarks / entropy run."""
     from profiler.build import build_profile
 
     slow = (gpu or "").lower() == "auto" and measure or bool(entropy)
     if not slow:
         return build_profile(model, gpu, workload, measure=measure, entropy=entropy, quality=quality, gpus=gpus,
-                             traffic=traffic)
+                             traffic=traffic, drafter=drafter)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from profiler.hardware import MICROBENCH_STEPS
@@ -111,7 +117,7 @@ def _build_with_progress(model: str | None, gpu: str | None, workload: str | Non
             bar.update(task, advance=1, description=msg)
 
         return build_profile(model, gpu, workload, measure=measure, entropy=entropy, progress=step,
-                             quality=quality, gpus=gpus, traffic=traffic)
+                             quality=quality, gpus=gpus, traffic=traffic, drafter=drafter)
 
 
 def _list(list_models: bool, list_gpus: bool, json_out: bool) -> None:

@@ -188,9 +188,34 @@ def match_profile(rules: list[StoredRule], profile: Profile) -> Plan:
             else:
                 by_param.setdefault(action.param, []).append(
                     _Contrib(rule.id, rule.priority, rule.specificity(), action))
+    for c in checkpoint_constraints(profile):
+        by_param.setdefault(c.action.param, []).append(c)
+        plan.resolutions.append(f"{c.action.param}: {_show(c.action)} from the drafter checkpoint "
+                                f"{profile.drafter.id} (profile drafter.*; a checkpoint outranks every rule)")
     for param in sorted(by_param):
         _resolve(param, by_param[param], plan)
     return plan
+
+
+CHECKPOINT_PRIORITY = 10_000  # above any rule's priority: no rule can change the checkpoint that is deployed
+
+
+def checkpoint_constraints(profile: Profile) -> list[_Contrib]:
+    """What the deployed drafter checkpoint fixes (profile `drafter.*`): its head (or the heads on offer), its
+    depth, and at most the block it was trained for (it drafts no further)."""
+    d = profile.drafter
+    if not d.id:
+        return []
+    label = f"drafter:{d.id}"
+    acts: list[dict[str, Any]] = []
+    if d.heads:
+        acts.append({"param": "spec.head", "set": d.heads[0]} if len(d.heads) == 1 else
+                    {"param": "spec.head", "choices": list(d.heads)})
+    if d.layers:
+        acts.append({"param": "spec.draft_layers", "set": d.layers})
+    if d.block_size:
+        acts.append({"param": "spec.block_size", "range": [1, d.block_size]})
+    return [_Contrib(label, CHECKPOINT_PRIORITY, 1, Action.model_validate(a)) for a in acts]
 
 
 def _resolve(param: str, contribs: list[_Contrib], plan: Plan) -> None:

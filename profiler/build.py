@@ -149,13 +149,15 @@ def _carried(wl: WorkloadProfile, max_context: int | None) -> tuple[WorkloadProf
 
 def build_profile(model: str | None, gpu: str | None, workload: str | WorkloadProfile | None,
                   measure: bool = True, entropy: bool | None = None, progress: Progress | None = None,
-                  quality: str | None = None, gpus: int | None = None, traffic: Traffic | None = None) -> Profile:
+                  quality: str | None = None, gpus: int | None = None, traffic: Traffic | None = None,
+                  drafter: str | None = None) -> Profile:
     """The full profile. ``workload``: a preset, a JSONL file, or an already profiled workload (kept as it
     is); ``measure``: run microbenchmarks for ``gpu='auto'``; ``entropy``: measure the target's next-token
     entropy with a runnable model (None: only together with ``gpu='auto'``); ``quality``: the workload's
     accuracy floor (standard, relaxed: 4-bit weights allowed; None keeps a profiled workload's); ``gpus``: how
     many devices the deployment has (None: not stated; the tuner then assumes one node of eight);
-    ``traffic``: the user's concurrency and SLOs in place of the workload's."""
+    ``traffic``: the user's concurrency and SLOs in place of the workload's; ``drafter``: auto (None), none or a
+    drafter folder (profiler/drafter.py)."""
     if gpus is not None and gpus < 1:
         raise ProfileError(f"--gpus {gpus}: give the number of devices, at least 1")
     if quality is not None and quality not in ("standard", "relaxed"):
@@ -213,5 +215,10 @@ def build_profile(model: str | None, gpu: str | None, workload: str | WorkloadPr
         profile.hw.count = gpus
     if spec is not None:
         profile.derived = derive(spec, hw, wl)
+    if resolved:
+        from profiler.drafter import drafter_profile
+
+        profile.drafter, d_notes = drafter_profile(drafter, mp.name, mp.name == "tiny-target")
+        notes += d_notes
     profile.notes = notes or None
     return profile

@@ -125,3 +125,31 @@ def resolve_gpu(query: str) -> GpuEntry:
 @cache
 def workload_presets() -> dict[str, dict[str, Any]]:
     return {w["name"]: w for w in _load_yaml("workloads.yaml")["workloads"]}
+
+
+class DrafterEntry(BaseModel):
+    """A published DSpark drafter for a catalogue model (profiler/catalog/drafters.yaml)."""
+
+    model_config = ConfigDict(extra="forbid")
+    target: str  # the model catalogue's name of its target
+    id: str  # Hugging Face model id
+    head: str  # none | markov | rnn
+    layers: int  # draft transformer layers
+    block_size: int  # block it was trained for
+    markov_rank: int  # r of its Markov head
+    confidence_head: bool  # has a trained confidence head
+    target_layers: list[int]  # target layers it reads (HF numbering)
+    mask_token_id: int  # the token its mask slots embed
+    source: str  # where its architecture is documented
+
+
+@cache
+def drafters() -> tuple[DrafterEntry, ...]:
+    return tuple(DrafterEntry.model_validate(d) for d in _load_yaml("drafters.yaml")["drafters"])
+
+
+def published_drafter(model_name: str | None) -> DrafterEntry | None:
+    """The published drafter for a catalogue model, if one is listed."""
+    if not model_name:
+        return None
+    return next((d for d in drafters() if _norm(d.target) == _norm(model_name)), None)

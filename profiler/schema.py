@@ -148,6 +148,20 @@ class AcceptProfile(_Strict):
     source: str | None = None  # "measured: <command>" or "prior: <paper section>"
 
 
+class DrafterProfile(_Strict):
+    """The DSpark drafter checkpoint the deployment will run (profiler/catalog/drafters.yaml, a folder, or none):
+    a checkpoint fixes its head and depth and caps the block it can draft, so the plan searches only those."""
+
+    chosen: str | None = None  # what --drafter said: auto (None), none, or a folder
+    id: str | None = None  # Hugging Face model id or folder of the checkpoint (None: none chosen, train one)
+    source: str | None = None  # where its architecture is documented
+    heads: list[str] | None = None  # sequential heads available (a checkpoint has one; the tiny drafters all three)
+    layers: int | None = None  # draft transformer layers
+    block_size: int | None = None  # block it was trained for: the longest it can draft
+    markov_rank: int | None = None  # r of its Markov head
+    confidence_head: bool | None = None  # it has a trained confidence head (SGLang's compact / cap-accept need one)
+
+
 class Derived(_Strict):
     decode_bound: Bound | None = None  # what bounds decode at workload concurrency on this hw
     ridge_batch: float | None = None  # batch tokens where decode turns compute-bound (weights-only roofline)
@@ -169,6 +183,7 @@ class Profile(_Strict):
     hw: HwProfile = HwProfile()
     workload: WorkloadProfile = WorkloadProfile()
     accept: AcceptProfile = AcceptProfile()
+    drafter: DrafterProfile = DrafterProfile()
     derived: Derived = Derived()
     notes: list[str] | None = None  # how names were resolved and what was estimated or skipped
 

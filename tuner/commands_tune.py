@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from kb.cli_common import DbOpt, JsonOpt, RulesOpt, console, err_console, print_json
-from kb.commands_profile import ConcurrencyOpt, SloTpotOpt, SloTtftOpt
+from kb.commands_profile import ConcurrencyOpt, DrafterOpt, SloTpotOpt, SloTtftOpt
 from tuner.errors import TunerError
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def _gpu_ref(profile) -> str | None:
 
 
 def resolve_profile(database, model: str | None, gpu: str | None, workload: str | None,
-                    traffic: Traffic | None = None):
+                    traffic: Traffic | None = None, drafter: str | None = None):
     """The profile to tune: the latest stored one, with --model/--gpu/--workload and the traffic options
     (`profiler.workload.Traffic`) overriding parts. What is not overridden is carried over from the stored
     profile: its workload as profiled (a preset's or a file's figures, the user's SLOs), its accuracy floor
@@ -51,7 +51,7 @@ def resolve_profile(database, model: str | None, gpu: str | None, workload: str 
     from profiler.build import build_profile
 
     latest = latest_profile(database)
-    given = bool(model or gpu or workload or (traffic is not None and traffic.given()))
+    given = bool(model or gpu or workload or drafter or (traffic is not None and traffic.given()))
     if latest is None and not model:
         raise TunerError("no stored profile and no --model; run 'dspark profile --model NAME' first or pass --model")
     if latest is not None and not given:
@@ -63,10 +63,12 @@ def resolve_profile(database, model: str | None, gpu: str | None, workload: str 
         if model and base_wl.entropy is not None and model != _model_ref(base):  # measured with the old target
             base_wl = base_wl.model_copy(update={"entropy": None})
     hw_ref = gpu or _gpu_ref(base)
+    same_model = base is not None and (not model or model == _model_ref(base))
     profile = build_profile(model=model or _model_ref(base), gpu=hw_ref,
                             workload=workload or base_wl, measure=(hw_ref or "").lower() in LOCAL_GPUS,
                             quality=base.workload.quality if base else None,
-                            gpus=base.hw.count if base and base.hw else None, traffic=traffic)
+                            gpus=base.hw.count if base and base.hw else None, traffic=traffic,
+                            drafter=drafter or (base.drafter.chosen if same_model and base else None))
     return save_profile(database, profile), profile
 
 
@@ -115,6 +117,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
          trial_seconds: Annotated[float, typer.Option(min=1.0, help="Measure mode: stop a trial's generation "
                                                       "after this many seconds and score what it did.")] = 60.0,
          concurrency: ConcurrencyOpt = None, slo_ttft_ms: SloTtftOpt = None, slo_tpot_ms: SloTpotOpt = None,
+         drafter: DrafterOpt = None,
          out: Annotated[Path, typer.Option(help="Bundle folder (written atomically).")] = Path("out"),
          db: DbOpt = None, rules: RulesOpt = None, as_json: JsonOpt = False) -> None:
     """Tune DSpark for a model, GPU and workload, then export the deployable bundle."""
@@ -140,9 +143,10 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
     from profiler.workload import Traffic
 
     traffic = Traffic(concurrency, slo_ttft_ms, slo_tpot_ms)
-    resume = study_name is not None and not (model or gpu or workload or traffic.given()) and _exists(url, study_name)
+    resume = study_name is not None and not (model or gpu or workload or drafter or traffic.given()) and \
+        _exists(url, study_name)
     if not resume:
-        profile_id, profile = resolve_profile(database, model, gpu, workload, traffic)
+        profile_id, profile = resolve_profile(database, model, gpu, workload, traffic, drafter)
         try:
             plan = match_profile(enabled_rules(database), profile)
         except PlanConflict as e:
