@@ -17,6 +17,9 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
     os.close(fd)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes owner-only files; the result is an ordinary file
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

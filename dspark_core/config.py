@@ -36,7 +36,8 @@ class DrafterSection(_Section):
     """Which drafter proposes tokens and where its weights live."""
 
     method: Literal["plain", "ar_draft", "ngram", "dspark"] = "ar_draft"  # plain = no speculation
-    path: str | None = str(ASSETS / "draft")  # drafter checkpoint (ar_draft: HF model; dspark: part 2)
+    path: str | None = str(ASSETS / "draft")  # drafter checkpoint folder or model id (ar_draft: an HF model; dspark:
+    # a DSpark drafter; unset with dspark on the tiny target: its committed drafter for spec.head)
     ngram_max: int = Field(4, ge=1)  # prompt lookup: longest suffix n-gram to match
     ngram_min: int = Field(1, ge=1)  # prompt lookup: shortest suffix n-gram to match
 
@@ -183,7 +184,10 @@ def load_config(path: str | os.PathLike[str]) -> EngineConfig:
     if data is not None and not isinstance(data, dict):
         raise DSparkError(f"engine config {p} must be a YAML mapping of sections (spec:, batch:, ...)")
     config = _validate(data, str(p))
-    # files a bundle ships beside dspark.yaml are named relative to it
+    # files a bundle ships beside dspark.yaml are named relative to it; a drafter folder too when it is there
+    drafter = config.drafter.path
+    if drafter and not Path(drafter).is_absolute() and (p.parent / drafter).is_dir():
+        config.drafter.path = str(p.parent / drafter)
     for section, key in (("spec", "sps_path"), ("spec", "sts_path"), (None, "kernel_file")):
         owner = getattr(config, section) if section else config
         value = getattr(owner, key)

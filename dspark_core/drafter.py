@@ -322,7 +322,7 @@ class DSparkDraftModel(nn.Module):
         return DraftOut(tokens=tokens, probs=probs, confidence_logits=conf)
 
 
-def save_drafter(model: DSparkDraftModel, folder: str | Path, dtype: torch.dtype = torch.bfloat16,
+def save_drafter(model: DSparkDraftModel, folder: str | Path, dtype: torch.dtype = torch.float16,
                  target_layers: int | None = None, max_positions: int = 32768) -> Path:
     """Write the drafter in the layout SGLang and vLLM load (dspark_core/drafter_layout.py): config.json +
     model.safetensors, without the shared embedding / LM head, each file atomically. `target_layers`: the
@@ -346,16 +346,20 @@ def save_drafter(model: DSparkDraftModel, folder: str | Path, dtype: torch.dtype
 def is_drafter(folder: str | Path) -> bool:
     """Whether `folder` holds a DSpark drafter in either layout."""
     p = Path(folder)
-    return (p / WEIGHTS_FILE).is_file() and ((p / CONFIG_FILE).is_file() or _engine_config(p) is not None)
+    return (p / WEIGHTS_FILE).is_file() and ((p / CONFIG_FILE).is_file() or engine_layout_config(p) is not None)
 
 
-def _engine_config(folder: Path) -> dict | None:
-    path = folder / ENGINE_CONFIG
+def engine_layout_config(folder: Path) -> dict | None:
+    """The config.json of a drafter in the engines' layout (ours with dflash_config, or DeepSpec's flat one with
+    architecture Qwen3DSparkModel), else None."""
+    path = Path(folder) / ENGINE_CONFIG
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and "dflash_config" in data else None
+    if not isinstance(data, dict):
+        return None
+    return data if "dflash_config" in data or "Qwen3DSparkModel" in (data.get("architectures") or []) else None
 
 
 def read_drafter_config(folder: str | Path) -> DraftConfig:
@@ -363,7 +367,7 @@ def read_drafter_config(folder: str | Path) -> DraftConfig:
     from dspark_core.drafter_layout import config_from_engine
 
     p = Path(folder)
-    engine = _engine_config(p)
+    engine = engine_layout_config(p)
     if not (p / WEIGHTS_FILE).is_file() or (engine is None and not (p / CONFIG_FILE).is_file()):
         raise DSparkError(f"no DSpark drafter at {p} (need config.json with dflash_config + {WEIGHTS_FILE}); "
                           "train one with `python cli.py train-drafter`")
@@ -384,7 +388,7 @@ def load_drafter(folder: str | Path, target: LeanModel) -> DSparkDraftModel:
 
     p = Path(folder)
     cfg = read_drafter_config(p)
-    engine = _engine_config(p)
+    engine = engine_layout_config(p)
     arch = target.arch
     if (cfg.vocab_size, cfg.hidden_size) != (arch.vocab_size, arch.hidden_size) or \
             max(cfg.target_layers) >= arch.num_hidden_layers:

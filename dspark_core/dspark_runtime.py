@@ -155,9 +155,26 @@ class DSparkDrafter(Drafter):
 
 
 def drafter_folder(config: EngineConfig) -> Path:
-    """`drafter.path` when it holds a DSpark drafter, else the committed tiny drafter for `spec.head`."""
-    if config.drafter.path and is_drafter(config.drafter.path):
-        return Path(config.drafter.path)
+    """`drafter.path` (a folder, or a Hugging Face model id in the local cache); unset, the committed tiny drafter
+    for `spec.head` when the target is the tiny reference model, else one DSparkError line."""
+    from dspark_core.checkpoint import checkpoint_folder
+
+    path = config.drafter.path
+    if path and Path(path).resolve() == (ASSETS / "draft").resolve():
+        path = None  # the engine's default drafter.path is the tiny AR draft model, which is no DSpark drafter
+    if path:
+        folder = checkpoint_folder(path)
+        if not is_drafter(folder):
+            raise DSparkError(f"drafter.path {path} holds no DSpark drafter (config.json with dflash_config + "
+                              "model.safetensors); train one with `python cli.py train-drafter`")
+        return folder
+    try:
+        tiny = Path(config.model.path).resolve() == (ASSETS / "target").resolve()
+    except OSError:
+        tiny = False
+    if not tiny:
+        raise DSparkError("drafter.path is not set: point it at a DSpark drafter for this target (a folder or a "
+                          "model id), or train one with `python cli.py train-drafter`")
     return ASSETS / "drafters" / config.spec.head
 
 

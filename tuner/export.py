@@ -1,14 +1,20 @@
-"""TunedConfig -> deployable bundle, written atomically into --out DIR.
+"""TunedConfig -> deployable bundle, written into --out DIR without losing anything the user owns.
 
-Renders the Jinja2 templates in tuner/templates/ (StrictUndefined: a missing value is an error,
-never an empty flag) into a temporary folder beside DIR, validates what it can (dspark.yaml
-through the engine's own pydantic model, sps.json through the SPS table model), then swaps the
-folder into place, so an error or a kill leaves either the old bundle or the new one, never half.
+Renders the Jinja2 templates in tuner/templates/ (StrictUndefined: a missing value is an error, never an empty
+flag; every value in a shell script goes through `q`, shlex.quote) into a staging folder, validates what it can
+(dspark.yaml through the engine's own config model, sps.json through the SPS table model, a shipped drafter
+through the engine's loader), then moves the files into place (tuner/bundle_dir.py).
+
+dspark.yaml is the configuration that was tuned (tuner/engine_config.py, the function the measure objective runs
+too): the profile's model, a KV length that holds the workload, DSpark with the drafter the study ran. A measured
+study ships that drafter inside the bundle (`drafter/`, in the layout SGLang and vLLM load); a simulated one names
+the profile's drafter checkpoint (a published model id or a folder), or asks for DRAFT_MODEL_PATH when none exists.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,12 +23,12 @@ from typing import Any
 from tuner.bundle_dir import check_out, write_bundle
 from tuner.errors import TunerError
 from tuner.study import SPEC_ATTR, StudySpec, best_trial, completed, feasible_trials, make_evaluator, miss, open_study
-from tuner.targets import measured_calibration, sglang_context, sts_payload, vllm_context
+from tuner.targets import BUNDLED_DRAFTER, measured_calibration, sglang_context, sts_payload, vllm_context
 
 TEMPLATES = Path(__file__).parent / "templates"
 DSPARK_TEMPLATE = "dspark/v1/dspark.yaml.j2"
-SGLANG_TEMPLATE = "sglang/dspark-v1/sglang.sh.j2"
-VLLM_TEMPLATES = ("vllm/v0.11/vllm.json.j2", "vllm/v0.11/vllm.sh.j2")
+SGLANG_TEMPLATE = "sglang/dspark-v2/sglang.sh.j2"
+VLLM_TEMPLATES = ("vllm/v0.33/vllm.json.j2", "vllm/v0.33/vllm.sh.j2")
 REPORT_TEMPLATE = "report/report.md.j2"
 
 
@@ -41,11 +47,18 @@ class ExportResult:
                 "metrics": self.metrics, "params": self.params, "mode": self.mode}
 
 
+def _quote(value: Any) -> str:
+    """Jinja filter `q`: a value as one shell word, whatever it holds."""
+    return shlex.quote(str(value))
+
+
 def _env():  # -> jinja2.Environment
     import jinja2
 
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True, autoescape=False)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, autoescape=False)
+    env.filters["q"] = _quote
+    return env
 
 
 def _closest(study, spec: StudySpec):  # -> FrozenTrial
@@ -56,9 +69,41 @@ def _closest(study, spec: StudySpec):  # -> FrozenTrial
     return min(trials, key=lambda t: (miss(t), t.number))
 
 
+def _measured_drafter(evaluator, params: dict[str, Any]) -> Path | None:
+    """The drafter a measured study ran for `params` (None: speculation off, or a simulated study)."""
+    if evaluator.mode != "measure" or not params.get("spec.enabled", True):
+        return None
+    return Path(evaluator.drafter_path(params))
+
+
+def _ship_drafter(src: Path, dst: Path, evaluator) -> None:
+    """Copy the measured drafter into the bundle in the engines' layout (converted when it is the older one),
+    with its STS calibration, and check the copy loads in the bundled engine."""
+    import shutil
+
+    from dspark_core.drafter import ENGINE_CONFIG, WEIGHTS_FILE, engine_layout_config, load_drafter, save_drafter
+    from dspark_core.errors import DSparkError
+
+    dst.mkdir()
+    try:
+        if engine_layout_config(src) is not None:
+            for name in (ENGINE_CONFIG, WEIGHTS_FILE):
+                shutil.copy2(src / name, dst / name)
+        else:
+            target = evaluator.target
+            save_drafter(load_drafter(src, target), dst, target_layers=target.arch.num_hidden_layers,
+                         max_positions=target.arch.max_position_embeddings)
+        if (src / "sts.json").is_file():
+            shutil.copy2(src / "sts.json", dst / "sts.json")
+        load_drafter(dst, evaluator.target)
+    except DSparkError as e:
+        raise TunerError(f"cannot ship the measured drafter {src} in the engines' layout: {e}") from None
+
+
 def export_study(db_url: str, name: str, out: Path) -> ExportResult:
     """Export study `name`'s best SLO-feasible trial (or the closest one, flagged) as a bundle."""
-    from dspark_core.config import apply_params, save_config
+    from dspark_core.config import load_config, save_config
+    from tuner.engine_config import tuned_engine_config
 
     check_out(out)  # before the study is even opened
     study = open_study(db_url, name, None)
@@ -71,9 +116,15 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
     profile = spec.profile_model()
     plan = spec.plan_model()
     metrics = dict(trial.user_attrs.get("metrics", {}))
+    measured = _measured_drafter(evaluator, params)
+    bundled = measured is not None
 
     def build(tmp: Path) -> None:
-        config = apply_params(_base_config(spec), params)
+        if bundled:
+            _ship_drafter(measured, tmp / BUNDLED_DRAFTER, evaluator)
+        drafter = BUNDLED_DRAFTER if bundled else profile.drafter.id
+        model = str(evaluator.path) if evaluator.mode == "measure" else None
+        config = tuned_engine_config(profile, params, drafter, model_path=model)
         config.spec.sps_path, config.spec.sts_path = "sps.json", "sts.json"
         if _write_kernels(tmp, db_url, profile.hw.name):
             config.kernel_file = "kernels.json"
@@ -81,19 +132,17 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
         save_config(config, cfg_path)
         common = {"study": name, "trial_number": trial.number, "mode": evaluator.mode,
                   "hw_name": profile.hw.name or "device", "model_name": profile.model.name or "model"}
-        cfg_text = cfg_path.read_text()
         env = _env()
-        cfg_path.write_text(env.get_template(DSPARK_TEMPLATE).render(config_yaml=cfg_text, **common))
-        from dspark_core.config import load_config
-
+        cfg_path.write_text(env.get_template(DSPARK_TEMPLATE).render(config_yaml=cfg_path.read_text(), **common))
         load_config(cfg_path)  # the engine's own model accepts what we wrote
         sps = evaluator.sps_table(params)
         sps.save(tmp / "sps.json")
-        calibration = measured_calibration(params["spec.head"]) if evaluator.mode == "measure" else None
+        calibration = measured_calibration(tmp / BUNDLED_DRAFTER if bundled else None)
         (tmp / "sts.json").write_text(json.dumps(sts_payload(profile, params, calibration), indent=2) + "\n")
-        sg = sglang_context(profile, params)
+        seq = config.model.max_seq_len
+        sg = sglang_context(profile, params, bundled, seq)
         (tmp / "sglang.sh").write_text(env.get_template(SGLANG_TEMPLATE).render(**common, **sg))
-        vctx = vllm_context(profile, params)
+        vctx = vllm_context(profile, params, bundled, seq)
         (tmp / "vllm.json").write_text(env.get_template(VLLM_TEMPLATES[0]).render(**common, **vctx))
         (tmp / "vllm.sh").write_text(env.get_template(VLLM_TEMPLATES[1]).render(**common, **vctx))
         for f in ("sglang.sh", "vllm.sh"):
@@ -106,6 +155,8 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
             "study": name, "trial": trial.number, "mode": evaluator.mode, "meets_slo": best is not None,
             "profile_hash": profile.content_hash(), "profile_id": spec.profile_id, "plan_id": spec.plan_id,
             "rules": plan.rule_refs(), "params": params, "metrics": metrics,
+            "model": config.model.path, "drafter": {"path": drafter, "source": profile.drafter.source,
+                                                   "measured": str(measured) if measured else None},
             "sps_table": "modelled" if evaluator.mode == "simulate" else "measured",
             "tool_version": spec.tool_version, "exported_at": datetime.now(timezone.utc).isoformat()},
             indent=2, default=str) + "\n")
@@ -126,17 +177,6 @@ def _write_kernels(folder: Path, db_url: str, gpu: str | None) -> bool:
         return False
     (folder / "kernels.json").write_text(json.dumps(kernels_json(db, gpu), indent=2) + "\n")
     return True
-
-
-def _base_config(spec: StudySpec):  # -> EngineConfig
-    """The engine config the tuned parameters are applied to (model path when the profile has one)."""
-    from dspark_core.config import EngineConfig
-
-    cfg = EngineConfig()
-    src = spec.profile_model().model.source or ""
-    if src and Path(src).exists():
-        cfg.model.path = str(Path(src).resolve().parent if Path(src).is_file() else Path(src).resolve())
-    return cfg
 
 
 def n_feasible(study) -> int:

@@ -1,4 +1,10 @@
-"""Tuned parameters -> the values the SGLang and vLLM templates need (flag names pinned in catalog/)."""
+"""Tuned parameters -> the values the SGLang and vLLM templates need.
+
+Flag names are those the released engines accept (tuner/catalog/releases.yaml, pinned from sglang 0.5.23 and
+vllm 0.33.0 by benchmarks/pin_peer_args.py; benchmarks/interop_check.py runs the bundles through both). A flag
+is exported only when it does something under the exported configuration: SGLang's SPS table, STS file and
+graph-tier alignment only act when its ragged verify mode is not `static`.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from profiler.schema import Profile
+from tuner.engine_config import model_ref
 
 CATALOG = Path(__file__).parent / "catalog"
+BUNDLED_DRAFTER = "drafter"  # folder of a drafter shipped inside the bundle (relative to the bundle)
 
 # our parameter values -> serving-stack spellings (None: leave the stack's default)
 KV_DTYPE = {"auto": None, "bf16": None, "fp16": None, "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
@@ -20,10 +28,12 @@ SGLANG_ATTENTION = {"torch": "torch_native", "triton": "triton", "flashinfer": "
                     "fa4": "fa4", "trtllm_mha": "trtllm_mha", "aiter": "aiter"}
 VLLM_ATTENTION = {"triton": "TRITON_ATTN", "flashinfer": "FLASHINFER", "fa3": "FLASH_ATTN", "fa4": "FLASH_ATTN",
                   "trtllm_mha": "FLASHINFER", "aiter": "ROCM_AITER_FA"}
-# SGLang picks the DSpark verify scheduler with SGLANG_RAGGED_VERIFY_MODE (ragged_verify.py): `compact` is
-# the confidence-budget planner (lagged budget + top-K, our async_topk; the closest to prefix), `static`
-# verifies the whole block. SGLang main has no static-threshold scheduler.
+# SGLang picks the DSpark verify scheduler with SGLANG_RAGGED_VERIFY_MODE (speculative/ragged_verify.py): `compact`
+# is the confidence-budget planner (lagged budget + top-K, our async_topk; the closest to prefix), `static`
+# verifies the whole block. SGLang has no static-threshold scheduler.
 SGLANG_VERIFY_MODE = {"verify_all": "static", "threshold": "static", "prefix": "compact", "async_topk": "compact"}
+VLLM_HEADS = ("none", "markov")  # vLLM 0.33's Qwen3DSparkModel implements the vanilla Markov head only
+VLLM_ACTIVATION_FACTOR = 2  # bf16 bytes per activation element in vLLM's profiling run
 
 
 def _source(name: str) -> str:
@@ -32,52 +42,91 @@ def _source(name: str) -> str:
         return "not pinned"
     import yaml
 
-    first = next(iter((yaml.safe_load(path.read_text()) or {}).get("sources", {}).values()), {})
+    data = yaml.safe_load(path.read_text()) or {}
+    pins = data.get("packages") or {}
+    if pins:
+        return ", ".join(f"{k} {v['version']}" for k, v in pins.items())
+    first = next(iter(data.get("sources", {}).values()), {})
     return f"{first.get('repo', '?')} {first.get('path', name)} @ {str(first.get('commit', '?'))[:12]}"
 
 
-def model_path(profile: Profile) -> str:
-    src = profile.model.source or ""
-    if src and (Path(src).exists() or "/" in src and not src.startswith("catalog")):
-        return src
-    return profile.model.name or "MODEL"
+def draft_ref(profile: Profile, bundled: bool) -> str | None:
+    """The drafter the scripts start with: the bundle's own copy, the profile's checkpoint (a published model id
+    or a folder), or None (the user must name one: DRAFT_MODEL_PATH)."""
+    if bundled:
+        return BUNDLED_DRAFTER
+    return profile.drafter.id or None
 
 
-def _common(profile: Profile, p: dict[str, Any]) -> dict[str, Any]:
-    return {"model_path": model_path(profile), "tp": int(p["parallel.tp"]), "dp": int(p["parallel.dp"]),
+def _common(profile: Profile, p: dict[str, Any], bundled: bool, max_seq_len: int) -> dict[str, Any]:
+    draft = draft_ref(profile, bundled)
+    return {"model_path": model_ref(profile), "tp": int(p["parallel.tp"]), "dp": int(p["parallel.dp"]),
             "ep": int(p["parallel.ep"]), "mem_fraction": float(p["memory.fraction_static"]),
             "max_requests": int(p["batch.max_requests"]), "max_tokens": int(p["batch.max_tokens"]),
+            "page_size": int(p.get("memory.page_size") or 1), "max_seq_len": max_seq_len,
             "kv_cache_dtype": KV_DTYPE.get(p["kv.dtype"]), "spec_enabled": bool(p["spec.enabled"]),
-            "block_size": int(p["spec.block_size"]), "draft_model_path": p.get("drafter.path") or ""}
+            "block_size": int(p["spec.block_size"]), "head": p["spec.head"],
+            "draft_bundled": bundled and draft is not None, "draft_path": draft if not bundled else None,
+            "llama_target": (profile.model.family or "").startswith("llama")}
 
 
-def sglang_context(profile: Profile, p: dict[str, Any]) -> dict[str, Any]:
-    return {**_common(profile, p), "chunked_prefill": int(p.get("batch.chunked_prefill") or 0),
-            "cuda_graph_max_bs": int(p.get("batch.cuda_graph_max_bs") or 0),
-            "quantization": SGLANG_QUANT.get(p["weights.dtype"]),
+def sglang_context(profile: Profile, p: dict[str, Any], bundled: bool = False, max_seq_len: int = 0
+                   ) -> dict[str, Any]:
+    mode = SGLANG_VERIFY_MODE[p["spec.scheduler"]]
+    quant = SGLANG_QUANT.get(p["weights.dtype"])
+    dp_attention = bool(p.get("parallel.dp_attention")) and int(p["parallel.dp"]) > 1
+    return {**_common(profile, p, bundled, max_seq_len), "chunked_prefill": int(p.get("batch.chunked_prefill") or 0),
+            "cuda_graph_max_bs": int(p.get("batch.cuda_graph_max_bs") or 0), "quantization": quant,
+            # the draft inherits --quantization unless told otherwise; our drafters ship in bf16
+            "draft_quantization": "unquant" if quant else None,
             "attention_backend": SGLANG_ATTENTION.get(p["attention.backend"]) if p["attention.backend"] != "torch"
             else None,
-            "verify_mode": SGLANG_VERIFY_MODE[p["spec.scheduler"]],
+            "verify_mode": mode, "ragged": mode != "static",
             "scheduler_note": _scheduler_note(p["spec.scheduler"]),
-            "align_to_graph": bool(p.get("spec.align_verify_to_graph", False)),
-            "sglang_source": _source("sglang_args.yaml")}
+            "align_to_graph": bool(p.get("spec.align_verify_to_graph", False)) and mode == "compact",
+            "attn_dp_size": int(p["parallel.dp"]) if dp_attention else 0,
+            "sglang_source": _source("releases.yaml")}
 
 
 def _scheduler_note(name: str) -> str:
     return {"verify_all": "verify the whole block (static)",
-            "threshold": "SGLang main has no threshold scheduler: verify-all (static) is the nearest",
+            "threshold": "SGLang has no threshold scheduler: verify-all (static) is the nearest",
             "prefix": "SGLang's compact planner (lagged budget + top-K) is the nearest to Algorithm 1",
             "async_topk": "compact = the confidence-budget planner (lagged budget + global top-K)"}[name]
 
 
-def vllm_context(profile: Profile, p: dict[str, Any]) -> dict[str, Any]:
-    ctx = _common(profile, p)
-    spec = {"method": "dspark", "model": ctx["draft_model_path"] or "DRAFT_MODEL_PATH",
-            "num_speculative_tokens": ctx["block_size"],
-            "enable_adaptive_verification": p["spec.scheduler"] != "verify_all"}
+def vllm_memory_utilization(profile: Profile, p: dict[str, Any]) -> float:
+    """vLLM's --gpu-memory-utilization for SGLang's tuned static fraction.
+
+    SGLang's --mem-fraction-static covers weights and the KV pool and leaves activations outside it; vLLM's
+    fraction covers everything it allocates, activations included (it profiles a forward of
+    max_num_batched_tokens at start-up). So vLLM gets the static fraction plus the activation peak of such a
+    forward: the widest MLP activation and the residual stream per token, and the verify logits."""
+    mem = (profile.hw.memory_gb or 0) * 2**30
+    m = profile.model
+    if not mem or not m.hidden_size:
+        return float(p["memory.fraction_static"])
+    tp = int(p["parallel.tp"])
+    tokens = int(p["batch.max_tokens"])
+    width = 2 * (m.intermediate_size or 4 * m.hidden_size) / tp + 4 * m.hidden_size
+    verify = int(p["batch.max_requests"]) * (int(p["spec.block_size"]) + 1)
+    act = tokens * width * VLLM_ACTIVATION_FACTOR + verify * (m.vocab_size or 0) / tp * 4
+    return round(min(0.98, float(p["memory.fraction_static"]) + act / mem), 3)
+
+
+def vllm_context(profile: Profile, p: dict[str, Any], bundled: bool = False, max_seq_len: int = 0
+                 ) -> dict[str, Any]:
+    ctx = _common(profile, p, bundled, max_seq_len)
+    spec: dict[str, Any] = {"method": "dspark", "num_speculative_tokens": ctx["block_size"],
+                            "enable_adaptive_verification": p["spec.scheduler"] != "verify_all"}
+    draft = draft_ref(profile, bundled)
+    if draft:
+        spec = {"method": "dspark", "model": draft, **{k: v for k, v in spec.items() if k != "method"}}
     return {**ctx, "quantization": VLLM_QUANT.get(p["weights.dtype"]),
             "attention_backend": VLLM_ATTENTION.get(p["attention.backend"]),
-            "speculative_config_json": json.dumps(spec, indent=2), "vllm_source": _source("vllm_args.yaml")}
+            "gpu_memory_utilization": vllm_memory_utilization(profile, p),
+            "vllm_head_ok": p["spec.head"] in VLLM_HEADS,
+            "speculative_config_json": json.dumps(spec, indent=2), "vllm_source": _source("releases.yaml")}
 
 
 def sts_payload(profile: Profile, p: dict[str, Any], calibration: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -87,7 +136,7 @@ def sts_payload(profile: Profile, p: dict[str, Any], calibration: dict[str, Any]
     gamma = int(p["spec.block_size"])
     temps = (calibration or {}).get("temperatures") or []
     if len(temps) >= gamma:
-        out = dict(calibration)
+        out = dict(calibration or {})
         for key in ("temperatures", "ece_before", "ece_after"):
             if isinstance(out.get(key), list):
                 out[key] = out[key][:gamma]
@@ -96,9 +145,9 @@ def sts_payload(profile: Profile, p: dict[str, Any], calibration: dict[str, Any]
             "num_samples": 0, "ece_before": [], "ece_after": []}
 
 
-def measured_calibration(head: str) -> dict[str, Any] | None:
-    """The STS calibration shipped with the bundled engine's drafter for `head` (the tiny target's)."""
-    from dspark_core.config import ASSETS
-
-    path = ASSETS / "drafters" / head / "sts.json"
+def measured_calibration(drafter_folder: Path | None) -> dict[str, Any] | None:
+    """The STS calibration shipped beside a drafter (sts.json), if any."""
+    if drafter_folder is None:
+        return None
+    path = Path(drafter_folder) / "sts.json"
     return json.loads(path.read_text()) if path.is_file() else None

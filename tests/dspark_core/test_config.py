@@ -74,3 +74,17 @@ def test_a_model_id_loads_from_the_local_cache_only(tmp_path, monkeypatch):
     (tmp_path / "hub" / "models--acme--tiny" / "refs" / "main").write_text("0" * 40)
     assert checkpoint_folder("acme/tiny") == snap
     assert load_model("acme/tiny", "cpu").arch.vocab_size == 4096
+
+
+def test_atomic_writes_make_ordinary_files(tmp_path):
+    import os
+    import stat
+
+    from dspark_core.atomic import atomic_write_text
+
+    umask = os.umask(0o022)
+    try:
+        path = atomic_write_text(tmp_path / "f.yaml", "a: 1\n")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # not mkstemp's 0600: a bundle is shared

@@ -1,0 +1,261 @@
+"""Do the bundles run as shipped? Each case's bundle is made by the real CLI and its sglang.sh / vllm.sh are run
+by bash, unmodified, against the released engines' own code.
+
+`python benchmarks/interop_check.py [--cases qwen3/h100,...] [--write] [--json]`
+
+1. A cached venv (`$XDG_CACHE_HOME/dspark-tune/interop/venv`, rebuilt when benchmarks/interop/requirements-light.txt
+   changes) holds sglang 0.5.23, vllm 0.33.0 and speculators 0.9.0, installed `--no-deps` over the local CPU
+   torch 2.13.0 with pinned light dependencies (the released packages pin conflicting torch versions; a CUDA
+   torchvision is the only one on PyPI, benchmarks/interop/torchvision_cpu_shim.py lets it import).
+2. Per case, `python cli.py profile ...` and `python cli.py tune ...` write a bundle into a temporary folder.
+3. `bash sglang.sh` and `bash vllm.sh` run with `python` and `vllm` on PATH replaced by
+   benchmarks/interop/check_sglang.py and check_vllm.py (in the peer venv): the scripts' own quoting, defaults
+   and environment handling run; the engines' parsers and resolvers judge the command lines they build.
+   MODEL_PATH and, where the bundle ships no drafter, DRAFT_MODEL_PATH name local stand-ins, as the bundle asks:
+   this machine cannot download checkpoints. A target stand-in is the catalogue's config.json; a drafter
+   stand-in is the config.json of the published drafter (profiler/catalog/drafters.yaml) or, where none exists,
+   the one `train-drafter` would write for the tuned head, depth and block. The tiny CPU case ships its trained
+   drafter, so SGLang's Markov and confidence heads and vLLM's draft model load its real weights there.
+Results: benchmarks/results/interop.json; `--write` puts the table into RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent / "interop"
+sys.path.insert(0, str(ROOT))
+
+PEERS = ("sglang==0.5.23", "vllm==0.33.0", "speculators==0.9.0")
+CASES = {  # name -> (profile arguments, tune arguments)
+    "qwen3/h100": (["--model", "qwen3"], ["--gpu", "h100"]),
+    "llama-3.1-70b/h200": (["--model", "llama-3.1-70b", "--gpu", "h200"], []),
+    "qwen3-30b-a3b/a100": (["--model", "qwen3-30b-a3b", "--gpu", "a100"], []),
+    "tiny/cpu": (["--model", "tiny", "--gpu", "cpu"], ["--trials", "4", "--trial-seconds", "30"]),
+}
+
+
+def venv_dir() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "dspark-tune" / "interop" / "venv"
+
+
+def _stamp() -> str:
+    reqs = (HERE / "requirements-light.txt").read_bytes() + " ".join(PEERS).encode()
+    return hashlib.sha256(reqs + (HERE / "torchvision_cpu_shim.py").read_bytes()).hexdigest()[:16]
+
+
+def ensure_venv(venv: Path) -> Path:
+    """The peer venv, built (minutes, ~1.5 GB) when missing or when its pins changed."""
+    py = venv / "bin" / "python"
+    stamp = venv / ".dspark-interop-stamp"
+    if py.is_file() and stamp.is_file() and stamp.read_text() == _stamp():
+        return py
+    print(f"building the peer venv in {venv} (sglang, vllm, speculators; several minutes)", file=sys.stderr)
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(py), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, "torch==2.13.0"], check=True)  # the local CPU build, first
+    subprocess.run([*pip, "--no-deps", *PEERS], check=True)
+    subprocess.run([*pip, "--no-deps", "-r", str(HERE / "requirements-light.txt")], check=True)
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    shutil.copy(HERE / "torchvision_cpu_shim.py", Path(site) / "_dspark_torchvision_cpu_shim.py")
+    (Path(site) / "_dspark_torchvision_cpu_shim.pth").write_text("import _dspark_torchvision_cpu_shim\n")
+    stamp.write_text(_stamp())
+    return py
+
+
+def _shims(folder: Path, py: Path) -> Path:
+    """`python` and `vllm` commands that hand the scripts' command lines to the checkers."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "python").write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "${1:-}" = "-m" ] && [ "${2:-}" = "sglang.launch_server" ]; then shift 2; '
+        f'exec {py} {HERE / "check_sglang.py"} "$@"; fi\n'
+        f'exec {py} "$@"\n')
+    (folder / "vllm").write_text(f'#!/usr/bin/env bash\nexec {py} {HERE / "check_vllm.py"} "$@"\n')
+    for f in ("python", "vllm"):
+        (folder / f).chmod(0o755)
+    return folder
+
+
+def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=3600)
+
+
+def _stand_in_target(profile, where: Path) -> Path:
+    """A folder with the target's config.json (the catalogue's, verbatim), or the real checkpoint folder."""
+    from profiler.catalog import resolve_model
+
+    src = Path(profile.model.source or "")
+    if src.is_dir():
+        return src
+    entry, _ = resolve_model(profile.model.name)
+    folder = where / "target" / entry.name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(entry.config, indent=2))
+    return folder
+
+
+def _stand_in_drafter(profile, params: dict, where: Path) -> Path:
+    """The config.json the deployed drafter has: the published one's (DeepSpec's flat layout), or the one
+    train-drafter writes for the tuned head, depth and block. No weights: resolution reads configs only."""
+    from dspark_core.arch import ArchConfig
+    from dspark_core.drafter import DraftConfig
+    from dspark_core.drafter_layout import engine_config
+    from profiler.catalog import published_drafter, resolve_model
+
+    entry, _ = resolve_model(profile.model.name)
+    arch = ArchConfig.from_dict(entry.config)
+    folder = where / "drafter-dspark"
+    folder.mkdir(parents=True, exist_ok=True)
+    pub = published_drafter(entry.name)
+    if pub is not None and profile.drafter.id == pub.id:
+        cfg = {"architectures": ["Qwen3DSparkModel"], "model_type": "qwen3", "hidden_size": arch.hidden_size,
+               "intermediate_size": arch.intermediate_size, "num_hidden_layers": pub.layers,
+               "num_attention_heads": arch.num_attention_heads, "num_key_value_heads": arch.num_key_value_heads,
+               "head_dim": arch.head_dim, "vocab_size": arch.vocab_size, "rms_norm_eps": arch.rms_norm_eps,
+               "rope_theta": arch.rope_theta, "max_position_embeddings": arch.max_position_embeddings,
+               "hidden_act": "silu", "block_size": pub.block_size, "target_layer_ids": pub.target_layers,
+               "mask_token_id": pub.mask_token_id, "markov_rank": pub.markov_rank, "markov_head_type": "vanilla",
+               "enable_confidence_head": pub.confidence_head, "confidence_head_with_markov": True}
+    else:
+        dc = DraftConfig.for_target(arch, block_size=int(params["spec.block_size"]), head=params["spec.head"],
+                                    num_layers=int(params["spec.draft_layers"]), markov_rank=256,
+                                    mask_token_id=arch.vocab_size - 1)
+        cfg = engine_config(dc, arch.num_hidden_layers, arch.max_position_embeddings)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    return folder
+
+
+def _run_script(script: Path, env: dict[str, str]) -> dict:
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=600)
+    last = next((line for line in reversed(proc.stdout.strip().splitlines()) if line.startswith("{")), None)
+    out = json.loads(last) if last else {}
+    out["exit"] = proc.returncode
+    if proc.returncode and not last:
+        out["stderr"] = proc.stderr.strip().splitlines()[-3:]
+    return out
+
+
+def run_case(name: str, py: Path, work: Path) -> dict:
+    from profiler.schema import Profile
+
+    prof_args, tune_args = CASES[name]
+    case = work / name.replace("/", "_")
+    env = {**os.environ, "DSPARK_DB": f"sqlite:///{case / 'kb.sqlite'}"}
+    case.mkdir(parents=True)
+    t0 = time.time()
+    p = _cli(["profile", *prof_args], env)
+    bundle = case / "bundle"
+    t = _cli(["tune", *tune_args, "--out", str(bundle), "--json"], env)
+    row: dict = {"case": name, "tune_exit": t.returncode, "tune_s": round(time.time() - t0, 1)}
+    if p.returncode or not (bundle / "provenance.json").is_file():
+        row["error"] = (p.stderr or t.stderr).strip().splitlines()[-1:] or ["no bundle"]
+        return row
+    prov = json.loads((bundle / "provenance.json").read_text())
+    from tuner.study import SPEC_ATTR, StudySpec, open_study
+
+    study = open_study(env["DSPARK_DB"], prov["study"], None)
+    profile = Profile.model_validate(StudySpec.model_validate(study.user_attrs[SPEC_ATTR]).profile)
+    params = prov["params"]
+    row["tuned"] = {k: params[k] for k in ("spec.block_size", "spec.head", "spec.scheduler", "spec.draft_layers",
+                                           "weights.dtype", "kv.dtype", "parallel.tp", "batch.max_requests")}
+    row["files"] = sorted(p.name for p in bundle.iterdir())
+    run_env = {**os.environ, "PATH": f"{_shims(case / 'bin', py)}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT),
+               "HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu", "VLLM_USE_V2_MODEL_RUNNER": "1",
+               "MODEL_PATH": str(_stand_in_target(profile, case))}
+    run_env.pop("SGLANG_RAGGED_VERIFY_MODE", None)
+    if not (bundle / "drafter").is_dir():
+        run_env["DRAFT_MODEL_PATH"] = str(_stand_in_drafter(profile, params, case))
+        row["env"] = ["MODEL_PATH", "DRAFT_MODEL_PATH"]
+    else:
+        row["env"] = ["MODEL_PATH"]
+    row["sglang"] = _run_script(bundle / "sglang.sh", run_env)
+    row["vllm"] = _run_script(bundle / "vllm.sh", run_env)
+    return row
+
+
+def verdict(r: dict) -> tuple[str, str]:
+    """(SGLang, vLLM) one-word results of a case."""
+    def one(x: dict | None, tool: str) -> str:
+        if not x:
+            return "not run"
+        if x.get("ok"):
+            return "pass" + (" (adaptive verification off: CPU)" if x.get("platform_note") else "")
+        if tool == "vllm" and x.get("exit") == 2:
+            return "refused by vllm.sh (head vLLM cannot run)"
+        return "FAIL: " + str(x.get("error") or x.get("no_op_warnings") or x.get("stderr") or x.get("exit"))[:150]
+    return one(r.get("sglang"), "sglang"), one(r.get("vllm"), "vllm")
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| case | tuned (gamma / head / scheduler / weights / TP) | env set | SGLang 0.5.23 | vLLM 0.33.0 |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        tu = r.get("tuned", {})
+        tuned = (f"{tu.get('spec.block_size')} / {tu.get('spec.head')} / {tu.get('spec.scheduler')} / "
+                 f"{tu.get('weights.dtype')} / {tu.get('parallel.tp')}") if tu else "-"
+        sg, vl = verdict(r) if "error" not in r else (f"no bundle: {r['error']}", "-")
+        lines.append(f"| {r['case']} | {tuned} | {', '.join(r.get('env', []))} | {sg} | {vl} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
+    ap.add_argument("--venv", type=Path, default=None, help="peer venv (default: the user cache)")
+    ap.add_argument("--write", action="store_true", help="put the table into benchmarks/RESULTS.md")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    a = ap.parse_args()
+    names = [c.strip() for c in a.cases.split(",") if c.strip()]
+    unknown = [c for c in names if c not in CASES]
+    if unknown:
+        print(f"error: unknown case {unknown[0]!r}; choose from {', '.join(CASES)}", file=sys.stderr)
+        return 2
+    py = ensure_venv(a.venv or venv_dir())
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="dspark-interop-") as tmp:
+        for name in names:
+            print(f"case {name} ...", file=sys.stderr)
+            rows.append(run_case(name, py, Path(tmp)))
+    out = ROOT / "benchmarks" / "results" / "interop.json"
+    out.write_text(json.dumps(rows, indent=2, default=str) + "\n")
+    ok = all("error" not in r and verdict(r)[0].startswith("pass")
+             and (verdict(r)[1].startswith("pass") or verdict(r)[1].startswith("refused")) for r in rows)
+    if a.json:
+        print(json.dumps({"ok": ok, "rows": rows}, default=str))
+    else:
+        print(table(rows))
+    if a.write:
+        from benchmarks.results_md import write_section
+
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip()
+        text = (f"## Bundles against the released engines (issue 15)\n\n`python benchmarks/interop_check.py --write` "
+                f"(commit {head}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; peers {', '.join(PEERS)} "
+                f"in a CPU-only venv). Each bundle comes from the CLI; bash runs its scripts unmodified with `python` "
+                f"/ `vllm` handed to SGLang's `prepare_server_args` + `resolve_once()` (with `--device cuda`) and "
+                f"vLLM's `vllm serve` parser + `create_engine_config()`. Pass = accepted with no warning that a flag "
+                f"does nothing, the draft config resolved by the engine's DSpark parser, sps.json / sts.json loaded "
+                f"by SGLang's own loaders; in the tiny case also the shipped drafter's weights in SGLang's Markov / "
+                f"confidence heads (equal to ours on random inputs) and in vLLM's Qwen3DSparkForCausalLM.\n\n"
+                + table(rows) + "\n\nDetails per case: benchmarks/results/interop.json.")
+        write_section("interop", text)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
