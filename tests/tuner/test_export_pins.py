@@ -1,9 +1,8 @@
-"""Every flag and key the SGLang and vLLM exports use exists in those projects' argument definitions.
+"""Every flag and key the SGLang and vLLM exports use is one the released engines accept.
 
-The lists are pinned in tuner/catalog/sglang_args.yaml (sgl-project/sglang
-python/sglang/srt/server_args.py @001067ff, arg_groups/fields/spec.py @015c8726) and
-tuner/catalog/vllm_args.yaml (vllm-project/vllm vllm/config/speculative.py @002e77c1,
-vllm/engine/arg_utils.py), each with the source path and commit of every fact.
+tuner/catalog/releases.yaml is read off the released packages' own parsers (sglang 0.5.23, vllm 0.33.0) by
+benchmarks/pin_peer_args.py; benchmarks/interop_check.py runs whole bundles through both engines. A deprecated
+option counts as absent: the bundle must not make the engine warn.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from tuner.targets import (
     KV_DTYPE,
     SGLANG_ATTENTION,
     SGLANG_QUANT,
+    SGLANG_VERIFY_MODE,
     VLLM_ATTENTION,
     VLLM_QUANT,
     sglang_context,
@@ -30,21 +30,16 @@ from tuner.targets import (
 )
 
 CATALOG = Path(__file__).resolve().parents[2] / "tuner" / "catalog"
-SGLANG = yaml.safe_load((CATALOG / "sglang_args.yaml").read_text())
-VLLM = yaml.safe_load((CATALOG / "vllm_args.yaml").read_text())
+RELEASES = yaml.safe_load((CATALOG / "releases.yaml").read_text())
+SG, VL = RELEASES["sglang"], RELEASES["vllm"]
 
 
-def _flags(table: dict) -> set[str]:
-    out: set[str] = set()
-    for entry in table.values():
-        if isinstance(entry, dict) and "flag" in entry:
-            out.add(entry["flag"])
-            out |= set(entry.get("aliases") or [])
-    return out
+def _accepted(side: dict) -> set[str]:
+    return {f for flags in side["flags"].values() for f in flags} - set(side["deprecated"])
 
 
-SGLANG_FLAGS = _flags(SGLANG["flags"])
-VLLM_FLAGS = _flags(VLLM["engine_args"])
+SGLANG_FLAGS = _accepted(SG)
+VLLM_FLAGS = _accepted(VL)
 COMMON = {"study": "s", "trial_number": 0, "mode": "simulate", "hw_name": "H100-SXM", "model_name": "Qwen3-8B"}
 
 
@@ -60,19 +55,21 @@ def _variants():
                "batch.cuda_graph_max_bs": 160 * extra, "spec.align_verify_to_graph": extra, "spec.enabled": extra}
 
 
+def test_pins_are_the_releases():
+    assert RELEASES["packages"]["sglang"]["version"] == "0.5.23"
+    assert RELEASES["packages"]["vllm"]["version"] == "0.33.0"
+
+
 def test_choice_mappings_are_pinned_values():
-    sg, vl = SGLANG["flags"], VLLM["engine_args"]
-    assert {v for v in SGLANG_QUANT.values() if v} <= set(sg["quantization"]["choices"])
-    assert {v for v in KV_DTYPE.values() if v} <= set(sg["kv_cache_dtype"]["choices"])
-    assert set(SGLANG_ATTENTION.values()) <= set(sg["attention_backend"]["choices"])
-    vq = next(e for e in vl.values() if isinstance(e, dict) and e.get("flag") == "--quantization")
-    vk = next(e for e in vl.values() if isinstance(e, dict) and e.get("flag") == "--kv-cache-dtype")
-    va = next(e for e in vl.values() if isinstance(e, dict) and e.get("flag") == "--attention-backend")
-    assert {v for v in VLLM_QUANT.values() if v} <= set(vq["choices"])
-    assert {v for v in KV_DTYPE.values() if v} <= set(vk["choices"])
-    assert set(VLLM_ATTENTION.values()) <= set(va["choices"])
-    assert "dspark" in VLLM["speculative_config_fields"]["method"]["choices"]
-    assert set(SGLANG["env_vars"]["SGLANG_RAGGED_VERIFY_MODE"]["values"]) >= {"static", "compact"}
+    assert {v for v in SGLANG_QUANT.values() if v} <= set(SG["choices"]["quantization"])
+    assert {v for v in KV_DTYPE.values() if v} <= set(SG["choices"]["kv_cache_dtype"])
+    assert set(SGLANG_ATTENTION.values()) <= set(SG["choices"]["attention_backend"])
+    assert "unquant" in SG["choices"]["speculative_draft_model_quantization"]
+    assert {v for v in VLLM_QUANT.values() if v} <= set(VL["choices"]["quantization"])
+    assert {v for v in KV_DTYPE.values() if v} <= set(VL["choices"]["kv_cache_dtype"])
+    assert set(VLLM_ATTENTION.values()) <= set(VL["choices"]["attention_backend"])
+    assert "dspark" in VL["speculative_methods"]
+    assert set(SGLANG_VERIFY_MODE.values()) <= set(SG["ragged_verify_modes"])
 
 
 @pytest.mark.parametrize("i", range(0, 1440, 97))
@@ -87,7 +84,7 @@ def test_rendered_flags_exist(i):
     used = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]+", vs))
     assert used and used <= VLLM_FLAGS, used - VLLM_FLAGS
     spec = json.loads(env.get_template(VLLM_TEMPLATES[0]).render(**COMMON, **vctx))
-    assert set(spec) <= set(VLLM["speculative_config_fields"]) and spec["method"] == "dspark"
+    assert set(spec) <= set(VL["speculative_config_fields"]) and spec["method"] == "dspark"
 
 
 def test_sts_payload_truncates_a_longer_calibration_to_gamma():
