@@ -121,3 +121,15 @@ def test_older_database_is_upgraded(db_url):
     before, after = db.migrate()
     assert before is None and after == db.revision()
     db.dispose()
+
+
+def test_a_read_only_database_is_one_line(tmp_path, capsys):
+    import cli
+
+    path = tmp_path / "kb.sqlite"
+    assert cli.main(["profile", "--model", "qwen3", "--db", f"sqlite:///{path}"]) == 0
+    capsys.readouterr()
+    ro = f"sqlite:///file:{path}?mode=ro&uri=true"  # permissions say nothing to root; SQLite's own read-only mode
+    assert cli.main(["profile", "--model", "qwen3", "--db", ro]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: database") and "not writable" in err and "\n" not in err

@@ -44,6 +44,7 @@ def test_profile_moe_reports_active_and_human_summary(capsys):
     assert cli.main(["profile", "--model", "qwen3-30b-a3b", "--gpu", "H100-SXM", "--workload", "code"]) == 0
     text = capsys.readouterr().out
     assert "Qwen3-30B-A3B" in text and "moe" in text and "stored as profile" in text
+    assert "match --profile-id" in text  # the option match really has
     assert "bound" in text  # the verdict names what bounds decode
 
 
