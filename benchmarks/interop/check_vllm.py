@@ -61,8 +61,9 @@ def _load_draft(cfg, draft: Path, out: dict) -> None:
                   [tensors["layers.0.mlp.gate_proj.weight"], tensors["layers.0.mlp.up_proj.weight"]])}
     if getattr(model.model, "confidence_head", None) is not None:
         checks["model.confidence_head.proj.weight"] = tensors["confidence_head.proj.weight"]
+    # vLLM holds each parameter in its own dtype (fc in the target's, the layers in the draft's): compare there
     bad = [n for n, want in checks.items()
-           if n not in params or not torch.equal(params[n].detach().float(), want.float())]
+           if n not in params or not torch.equal(params[n].detach(), want.to(params[n].dtype))]
     out["draft_weights"] = {"loaded": len(tensors), "checked": len(checks), "mismatched": bad,
                             "confidence_head": getattr(model.model, "confidence_head", None) is not None,
                             "mask_token_id": getattr(model.model, "mask_token_id", None),

@@ -31,8 +31,10 @@ def _attempt(target: str, draft: str, gamma: int, force_triton: bool) -> dict:
         cfg = EngineArgs(model=target, max_model_len=512, enforce_eager=True, skip_tokenizer_init=True,
                          speculative_config={"method": "dspark", "model": draft, "num_speculative_tokens": gamma},
                          ).create_engine_config()
-    except Exception as e:  # noqa: BLE001 - report what vLLM says
-        return {"create_engine_config": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+    except Exception as e:  # noqa: BLE001 - report what vLLM says (pydantic wraps it: its "Value error" line)
+        lines = str(e).splitlines()
+        said = next((ln.strip().split(" [type=")[0] for ln in lines if "Value error" in ln), lines[0] if lines else "")
+        return {"create_engine_config": f"{type(e).__name__}: {said[:300]}"}
     sc = cfg.speculative_config
     hf = sc.draft_model_config.hf_config
     out = {"create_engine_config": "ok", "method": sc.method, "num_speculative_tokens": sc.num_speculative_tokens,
