@@ -182,8 +182,8 @@ def _stand_in_drafter(profile, params: dict, where: Path) -> Path:
     return folder
 
 
-def _run_script(script: Path, env: dict[str, str]) -> dict:
-    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=600)
+def _run_script(script: Path, env: dict[str, str], extra: tuple[str, ...] = ()) -> dict:
+    proc = subprocess.run(["bash", str(script), *extra], env=env, capture_output=True, text=True, timeout=600)
     last = next((line for line in reversed(proc.stdout.strip().splitlines()) if line.startswith("{")), None)
     out = json.loads(last) if last else {}
     out["exit"] = proc.returncode
@@ -229,6 +229,11 @@ def run_case(name: str, py: Path, work: Path, vllm_cpu: Path | None = None) -> d
     row["vllm"] = _run_script(bundle / "vllm.sh", run_env)
     if vllm_cpu is not None and (bundle / "drafter").is_dir():
         row["vllm_cpu"] = vllm_cpu_check(bundle, vllm_cpu)
+    if name == "tiny/cpu":  # negative control: a flag SGLang calls a no-op under static verify must be caught
+        ctl = _run_script(bundle / "sglang.sh", {**run_env, "SGLANG_RAGGED_VERIFY_MODE": "static"},
+                          ("--speculative-dspark-align-verify-tokens-to-graph-tier",))
+        row["control"] = {"caught": bool(ctl.get("no_op_warnings")) and not ctl.get("ok"),
+                          "no_op_warnings": ctl.get("no_op_warnings")}
     return row
 
 
@@ -255,6 +260,16 @@ def table(rows: list[dict]) -> str:
         sg, vl = verdict(r) if "error" not in r else (f"no bundle: {r['error']}", "-")
         lines.append(f"| {r['case']} | {tuned} | {', '.join(r.get('env', []))} | {sg} | {vl} |")
     return "\n".join(lines)
+
+
+def control_line(rows: list[dict]) -> str:
+    c = next((r["control"] for r in rows if "control" in r), None)
+    if c is None:
+        return ""
+    said = (c.get("no_op_warnings") or ["nothing"])[0]
+    return (f"Negative control: the tiny bundle's sglang.sh run with an extra "
+            f"`--speculative-dspark-align-verify-tokens-to-graph-tier` under `SGLANG_RAGGED_VERIFY_MODE=static` is "
+            f"{'caught' if c.get('caught') else 'NOT caught'} (SGLang: \"{said}\").\n\n")
 
 
 def cpu_lines(rows: list[dict]) -> str:
@@ -299,7 +314,7 @@ def main() -> int:
     out.write_text(json.dumps(rows, indent=2, default=str) + "\n")
     ok = all("error" not in r and verdict(r)[0].startswith("pass")
              and (verdict(r)[1].startswith("pass") or verdict(r)[1].startswith("refused"))
-             and r.get("vllm_cpu", {"ok": True})["ok"] for r in rows)
+             and r.get("vllm_cpu", {"ok": True})["ok"] and r.get("control", {"caught": True})["caught"] for r in rows)
     if a.json:
         print(json.dumps({"ok": ok, "rows": rows}, default=str))
     else:
@@ -317,7 +332,8 @@ def main() -> int:
                 f"does nothing, the draft config resolved by the engine's DSpark parser, sps.json / sts.json loaded "
                 f"by SGLang's own loaders; in the tiny case also the shipped drafter's weights in SGLang's Markov / "
                 f"confidence heads (equal to ours on random inputs) and in vLLM's Qwen3DSparkForCausalLM.\n\n"
-                + table(rows) + "\n\n" + cpu_lines(rows) + "Details per case: benchmarks/results/interop.json.")
+                + table(rows) + "\n\n" + control_line(rows) + cpu_lines(rows)
+                + "Details per case: benchmarks/results/interop.json.")
         write_section("interop", text)
     return 0 if ok else 1
 

@@ -67,6 +67,7 @@ def _common(profile: Profile, p: dict[str, Any], bundled: bool, max_seq_len: int
             "kv_cache_dtype": KV_DTYPE.get(p["kv.dtype"]), "spec_enabled": bool(p["spec.enabled"]),
             "block_size": int(p["spec.block_size"]), "head": p["spec.head"],
             "draft_bundled": bundled and draft is not None, "draft_path": draft if not bundled else None,
+            "draft_block": int(profile.drafter.block_size or 0),
             "llama_target": (profile.model.family or "").startswith("llama")}
 
 

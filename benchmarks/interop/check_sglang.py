@@ -21,13 +21,20 @@ from pathlib import Path
 NO_OP = ("no-op", "no effect", "ignoring", "deprecated", "ignored")  # warnings that say a flag does nothing
 
 
-class _Grab(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.records: list[str] = []
+class _Grab:
+    """Every WARNING-or-worse record any logger handles, whatever its handlers and propagation (SGLang's loggers
+    print through their own handlers and do not reach the root logger)."""
 
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(f"{record.name}: {record.getMessage()}")
+    def __init__(self) -> None:
+        self.records: list[str] = []
+        real = logging.Logger.handle
+
+        def handle(logger: logging.Logger, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                self.records.append(f"{record.name}: {record.getMessage()}")
+            real(logger, record)
+
+        logging.Logger.handle = handle  # type: ignore[method-assign]
 
 
 def _flag(argv: list[str], name: str) -> str | None:
@@ -89,8 +96,6 @@ def main(argv: list[str]) -> int:
     # not about the bundle; what SGLang says while parsing and resolving is
 
     grab = _Grab()
-    logging.getLogger().addHandler(grab)
-    logging.getLogger().setLevel(logging.WARNING)
     warnings.simplefilter("always")
     caught: list[str] = []
     warnings.showwarning = lambda m, c, f, n, *a, **k: caught.append(f"{c.__name__}: {m}") if "sglang" in str(f) \
