@@ -69,12 +69,17 @@ def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def checkpoint_folder(path: str | Path) -> Path:
-    """A checkpoint folder, or a Hugging Face model id (`Qwen/Qwen3-8B`) already in the local Hugging Face cache
-    (nothing is downloaded); one DSparkError line naming what to do otherwise."""
+    """A checkpoint folder, a fetchable model's name (`smollm2-135m`, once `models fetch` ran), or a Hugging Face
+    model id (`Qwen/Qwen3-8B`) already in the local Hugging Face cache (nothing is downloaded); one DSparkError
+    line naming what to do otherwise."""
     folder = Path(path).expanduser()
     if folder.is_dir():
         return folder
     text = str(path)
+    from dspark_core.models_fetch import canonical, require
+
+    if canonical(text) is not None:  # a model fetched through the package index (`models fetch`)
+        return require(text)
     if text.count("/") == 1 and not text.startswith((".", "/", "~")) and "://" not in text:
         try:
             from huggingface_hub import snapshot_download

@@ -16,16 +16,29 @@ from dspark_core.errors import DSparkError
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Engine config (dspark.yaml); default: built-in.")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Target checkpoint: a folder, a fetched model "
+                                              "(smollm2-135m: `models fetch`) or a cached model id; default: the "
+                                              "config's (the tiny reference target).")]
 
 
 def _print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")
 
 
-def _config(path: Path | None):  # noqa: ANN202 - EngineConfig
-    from dspark_core.config import EngineConfig, load_config
+def _config(path: Path | None, model: str | None = None, dtype: str | None = None):  # noqa: ANN202 - EngineConfig
+    """The engine config of --config, with --model / --dtype in place of its target and weight dtype. A model other
+    than the tiny target has no default drafter: its speculative methods need drafter.path in --config."""
+    from dspark_core.checkpoint import checkpoint_folder
+    from dspark_core.config import ASSETS, EngineConfig, load_config
 
-    return load_config(path) if path else EngineConfig()
+    cfg = load_config(path) if path else EngineConfig()
+    if model:
+        cfg.model.path = str(checkpoint_folder(model))
+        if cfg.drafter.path and Path(cfg.drafter.path).resolve() == (ASSETS / "draft").resolve():
+            cfg.drafter.path = None  # the tiny AR draft speaks another vocabulary
+    if dtype:
+        cfg.weights.dtype = dtype  # type: ignore[assignment]  # checked by the loader
+    return cfg
 
 
 def build_tiny_cmd(
@@ -73,6 +86,9 @@ def bench_cmd(
     threads: Annotated[int | None, typer.Option(min=1, help="torch CPU threads (default: torch's).")] = None,
     seed: Annotated[int, typer.Option(help="Sampling seed (request i uses seed + i).")] = 0,
     config: ConfigOpt = None,
+    model: ModelOpt = None,
+    dtype: Annotated[str | None, typer.Option(help="Weight dtype: fp32, bf16, fp16, fp8, ... (default: the "
+                                                   "config's; auto = fp32 on a CPU).")] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Compare generation methods on the same prompts: tokens/s, speedup, tau, acceptance, losslessness."""
@@ -89,7 +105,7 @@ def bench_cmd(
 
     if threads:
         torch.set_num_threads(threads)
-    cfg = _config(config)
+    cfg = _config(config, model, dtype)
     names = [m.strip() for m in methods.split(",") if m.strip()]
     if not names:
         raise DSparkError("--methods is empty; name at least one method, e.g. plain,ar_draft")
@@ -130,6 +146,7 @@ def generate_cmd(
     temperature: Annotated[float | None, typer.Option(min=0.0, help="Override sampling.temperature.")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="torch CPU threads (default: torch's).")] = None,
     config: ConfigOpt = None,
+    model: ModelOpt = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Run the engine on prompts with a dspark.yaml and print the outputs and stats."""
@@ -146,7 +163,9 @@ def generate_cmd(
         raise DSparkError("no prompts; pass --prompt TEXT or --prompts FILE.jsonl")
     if threads:
         torch.set_num_threads(threads)
-    cfg = _config(config)
+    cfg = _config(config, model)
+    if model and not config:  # no drafter for another target in the built-in config
+        cfg.drafter.method = "plain"
     sp = cfg.sampling.model_copy(update={k: v for k, v in {"max_new_tokens": max_new_tokens,
                                                              "temperature": temperature}.items() if v is not None})
     gen = Engine(cfg).generate(texts, sp)

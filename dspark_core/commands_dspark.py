@@ -98,7 +98,8 @@ def default_mask_token(target: Path) -> int:
 def train_drafter_cmd(
     head: Annotated[str, typer.Option(help="Sequential head: none (DFlash-style), markov or rnn.")] = "markov",
     out: Annotated[Path | None, typer.Option(help="Output folder (default: the tiny drafter for --head).")] = None,
-    target: Annotated[Path, typer.Option(help="Target checkpoint folder (HF format).")] = ASSETS / "target",
+    target: Annotated[str, typer.Option(help="Target checkpoint: a folder (HF format) or a fetched model "
+                                         "(smollm2-135m).")] = str(ASSETS / "target"),
     steps: Annotated[int, typer.Option(min=1, help="Optimiser steps.")] = 600,
     block_size: Annotated[int, typer.Option(min=1, max=16, help="Block length gamma trained for.")] = 16,
     layers: Annotated[int, typer.Option(min=1, max=8, help="Draft transformer layers.")] = 2,
@@ -124,6 +125,9 @@ def train_drafter_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
 ) -> None:
     """Train a DSpark drafter for a frozen target (resumes from the checkpoint in --state-dir when present)."""
+    from dspark_core.checkpoint import checkpoint_folder
+
+    target = checkpoint_folder(target)
     import torch
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -201,7 +205,8 @@ def train_drafter_cmd(
 
 def calibrate_cmd(
     drafter: Annotated[Path, typer.Option(help="Drafter folder.")] = ASSETS / "drafters" / "markov",
-    target: Annotated[Path, typer.Option(help="Target checkpoint folder (HF format).")] = ASSETS / "target",
+    target: Annotated[str, typer.Option(help="Target checkpoint: a folder (HF format) or a fetched model "
+                                         "(smollm2-135m).")] = str(ASSETS / "target"),
     out: Annotated[Path | None, typer.Option(help="Output JSON (default: <drafter>/sts.json).")] = None,
     sequences: Annotated[int, typer.Option(min=4, help="Held-out prompts.")] = 96,
     anchors: Annotated[int, typer.Option(min=1, help="Rounds per held-out sequence.")] = 12,
@@ -212,6 +217,9 @@ def calibrate_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
 ) -> None:
     """Fit STS temperatures on held-out greedy rounds; write SGLang's DSparkStsCalibration JSON."""
+    from dspark_core.checkpoint import checkpoint_folder
+
+    target = checkpoint_folder(target)
     from dspark_core.calibrate import calibration_from_fit, fit_sts, survival_labels
     from dspark_core.drafter import load_drafter
     from dspark_core.rounds import simulate_greedy_rounds

@@ -70,6 +70,15 @@ def resolve_arch(model: str) -> tuple[ArchSpec | None, str, str, list[str]]:
             raise ProfileError("the tiny reference model is not built yet (dspark_core/assets/tiny/target); "
                                "run `python cli.py build-tiny` first")
         return read_config(read_json(tiny / "config.json"), str(tiny)), "tiny-target", str(tiny), notes
+    from dspark_core.errors import DSparkError
+    from dspark_core.models_fetch import canonical, require
+
+    if canonical(model) is not None:  # fetched through the package index: a real checkpoint folder
+        try:
+            folder = require(model)
+        except DSparkError as e:
+            raise ProfileError(str(e)) from None
+        return read_config(read_json(folder / "config.json"), str(folder)), canonical(model), str(folder), notes
     if _looks_like_path(model):
         p = Path(model)
         if p.suffix == ".onnx":
