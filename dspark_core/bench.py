@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dspark_core.config import EngineConfig, apply_params
+from dspark_core.config import EngineConfig, apply_params, drafter_path
 from dspark_core.errors import DSparkError
 from dspark_core.sampling import SamplingParams
 from dspark_core.stats import GenStats
@@ -34,7 +34,7 @@ def method_params(name: str, config: EngineConfig) -> dict[str, Any]:
     if base == "plain":
         params: dict[str, Any] = {"drafter.method": "plain"}
     elif base == "ar_draft":
-        params = {"drafter.method": "ar_draft", "drafter.path": config.drafter.path}
+        params = {"drafter.method": "ar_draft"}
     elif base == "ngram":
         params = {"drafter.method": "ngram"}
     elif base in HEADS:
@@ -167,9 +167,10 @@ def build_methods(spec: BenchSpec, config: EngineConfig, target: LeanModel, toke
     methods: list[Method] = []
     for name in spec.methods:
         if name == "hf_assisted":
-            if not base.drafter.path:
+            draft = drafter_path(base, "ar_draft")
+            if not draft:
                 raise DSparkError("hf_assisted needs drafter.path (the small draft model); set it in the config")
-            methods.append(HFAssistedMethod(name, base.model.path, base.drafter.path, set(target.arch.eos_ids)))
+            methods.append(HFAssistedMethod(name, base.model.path, draft, set(target.arch.eos_ids)))
         else:
             cfg = apply_params(base, method_params(name, base))
             methods.append(EngineMethod(name, cfg, target, tokenizer))

@@ -29,13 +29,11 @@ def _config(path: Path | None, model: str | None = None, dtype: str | None = Non
     """The engine config of --config, with --model / --dtype in place of its target and weight dtype. A model other
     than the tiny target has no default drafter: its speculative methods need drafter.path in --config."""
     from dspark_core.checkpoint import checkpoint_folder
-    from dspark_core.config import ASSETS, EngineConfig, load_config
+    from dspark_core.config import EngineConfig, load_config
 
     cfg = load_config(path) if path else EngineConfig()
     if model:
         cfg.model.path = str(checkpoint_folder(model))
-        if cfg.drafter.path and Path(cfg.drafter.path).resolve() == (ASSETS / "draft").resolve():
-            cfg.drafter.path = None  # the tiny AR draft speaks another vocabulary
     if dtype:
         cfg.weights.dtype = dtype  # type: ignore[assignment]  # checked by the loader
     return cfg

@@ -36,8 +36,8 @@ class DrafterSection(_Section):
     """Which drafter proposes tokens and where its weights live."""
 
     method: Literal["plain", "ar_draft", "ngram", "dspark"] = "ar_draft"  # plain = no speculation
-    path: str | None = str(ASSETS / "draft")  # drafter checkpoint folder or model id (ar_draft: an HF model; dspark:
-    # a DSpark drafter; unset with dspark on the tiny target: its committed drafter for spec.head)
+    path: str | None = None  # drafter checkpoint folder or model id (ar_draft: an HF model; dspark: a DSpark
+    # drafter); unset on the tiny target: its committed one (`drafter_path`)
     ngram_max: int = Field(4, ge=1)  # prompt lookup: longest suffix n-gram to match
     ngram_min: int = Field(1, ge=1)  # prompt lookup: shortest suffix n-gram to match
 
@@ -136,6 +136,22 @@ class EngineConfig(_Section):
     kernel_file: str | None = None  # kernels.json of tune-kernels winners (relative to dspark.yaml)
     fusion: dict[str, bool] = Field(default_factory=dict)  # fusion.<pattern>: fuse this operator pattern
     sampling: SamplingParams = Field(default_factory=SamplingParams)  # default sampling of `generate`
+
+
+def drafter_path(config: EngineConfig, method: str | None = None) -> str | None:
+    """`drafter.path`, or when unset on the tiny reference target the committed drafter for `method` (default
+    `drafter.method`): its AR draft model (ar_draft) or its DSpark drafter for `spec.head` (dspark); else None."""
+    if config.drafter.path:
+        return config.drafter.path
+    try:
+        tiny = Path(config.model.path).resolve() == (ASSETS / "target").resolve()
+    except OSError:
+        tiny = False
+    if not tiny:
+        return None
+    committed = {"ar_draft": ASSETS / "draft", "dspark": ASSETS / "drafters" / config.spec.head}
+    path = committed.get(method or config.drafter.method)
+    return str(path) if path is not None else None
 
 
 def apply_params(config: EngineConfig, params: dict[str, Any]) -> EngineConfig:

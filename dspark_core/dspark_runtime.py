@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from dspark_core.calibrate import StsCalibration
-from dspark_core.config import ASSETS
 from dspark_core.drafter import DSparkDraftModel, is_drafter, load_drafter
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult
 from dspark_core.errors import DSparkError
@@ -155,27 +154,20 @@ class DSparkDrafter(Drafter):
 
 
 def drafter_folder(config: EngineConfig) -> Path:
-    """`drafter.path` (a folder, or a Hugging Face model id in the local cache); unset, the committed tiny drafter
-    for `spec.head` when the target is the tiny reference model, else one DSparkError line."""
+    """The DSpark drafter's folder: `drafter.path` (a folder or a Hugging Face model id in the local cache), or the
+    tiny target's committed drafter for `spec.head` (config.drafter_path); one DSparkError line otherwise."""
     from dspark_core.checkpoint import checkpoint_folder
+    from dspark_core.config import drafter_path
 
-    path = config.drafter.path
-    if path and Path(path).resolve() == (ASSETS / "draft").resolve():
-        path = None  # the engine's default drafter.path is the tiny AR draft model, which is no DSpark drafter
-    if path:
-        folder = checkpoint_folder(path)
-        if not is_drafter(folder):
-            raise DSparkError(f"drafter.path {path} holds no DSpark drafter (config.json with dflash_config + "
-                              "model.safetensors); train one with `python cli.py train-drafter`")
-        return folder
-    try:
-        tiny = Path(config.model.path).resolve() == (ASSETS / "target").resolve()
-    except OSError:
-        tiny = False
-    if not tiny:
+    path = drafter_path(config, "dspark")
+    if path is None:
         raise DSparkError("drafter.path is not set: point it at a DSpark drafter for this target (a folder or a "
                           "model id), or train one with `python cli.py train-drafter`")
-    return ASSETS / "drafters" / config.spec.head
+    folder = checkpoint_folder(path)
+    if not is_drafter(folder):
+        raise DSparkError(f"drafter.path {path} holds no DSpark drafter (config.json with dflash_config + "
+                          "model.safetensors); train one with `python cli.py train-drafter`")
+    return folder
 
 
 def build_runtime(config: EngineConfig, target: LeanModel) -> DSparkDrafter:

@@ -71,11 +71,15 @@ class MeasureEvaluator(Evaluator):
 
     def config(self, params: dict[str, Any]):  # -> EngineConfig
         """The exported engine config of `params` (tuner/engine_config.py), as run here: the bundled engine on
-        this device, as many KV slots as prompts (more are never used by this measurement, and allocating and
-        SPS-profiling 1024 of them cost ~30 s), the bench's output length."""
+        this device with the drafter it finds for the tuned head (the tiny target's committed one), as many KV
+        slots as prompts (more are never used by this measurement, and allocating and SPS-profiling 1024 of them
+        cost ~30 s), the bench's output length."""
+        from dspark_core.dspark_runtime import drafter_folder
         from tuner.engine_config import tuned_engine_config
 
-        cfg = tuned_engine_config(self.profile, params, self.drafter_path(params), model_path=str(self.path))
+        cfg = tuned_engine_config(self.profile, params, None, model_path=str(self.path))
+        if cfg.spec.enabled:
+            cfg.drafter.path = str(drafter_folder(cfg))
         cfg.device = self.base.device
         cfg.batch.max_requests = min(cfg.batch.max_requests, len(self.prompts))
         cfg.parallel = type(cfg.parallel)()  # the bundled engine runs one device
@@ -83,13 +87,8 @@ class MeasureEvaluator(Evaluator):
         return cfg
 
     def drafter_path(self, params: dict[str, Any]) -> str | None:
-        """The DSpark drafter measured for `params`: the engine's own for the tuned head (the tiny target's)."""
-        from dspark_core.dspark_runtime import drafter_folder
-        from tuner.engine_config import tuned_engine_config
-
-        if not params.get("spec.enabled", True):
-            return None
-        return str(drafter_folder(tuned_engine_config(self.profile, params, None, str(self.path))))
+        """The DSpark drafter measured for `params` (None: speculation off)."""
+        return self.config(params).drafter.path
 
     def evaluate(self, params: dict[str, Any], seed: int = 0) -> Evaluation:
         from dspark_core.engine import Engine

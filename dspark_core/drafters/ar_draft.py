@@ -84,11 +84,13 @@ class ARDrafter(Drafter):
 def build_drafter(config, target: LeanModel) -> ARDrafter:  # noqa: ANN001 - EngineConfig (import cycle-free)
     """Registry entry: load `config.drafter.path` as a draft LM on the target's device and dtype."""
     from dspark_core.checkpoint import load_model
+    from dspark_core.config import drafter_path
     from dspark_core.errors import DSparkError
 
-    if not config.drafter.path:
+    path = drafter_path(config)
+    if not path:
         raise DSparkError("drafter.method ar_draft needs drafter.path (a small HF causal LM with the same tokenizer)")
-    draft = load_model(config.drafter.path, str(target.device), config.weights.dtype)
+    draft = load_model(path, str(target.device), config.weights.dtype)
     if draft.arch.vocab_size != target.arch.vocab_size:
         raise DSparkError(f"draft vocab {draft.arch.vocab_size} != target vocab {target.arch.vocab_size}; "
                           "the draft model must share the target's tokenizer")
