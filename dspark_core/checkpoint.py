@@ -142,7 +142,9 @@ def load_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> L
 
     model.inv_freq = rope_inv_freq(arch).to(dev)
     model = model.to(dt).eval()
-    if dtype in ("fp8", "int8", "int4", "nvfp4"):  # weight-only quantisation of the decoder's projections
+    from dspark_core.quant import FORMATS
+
+    if dtype in FORMATS:  # weight-only quantisation of the decoder's projections
         from dspark_core.quant import quantize_linears
 
         try:

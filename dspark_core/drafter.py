@@ -325,7 +325,8 @@ class DSparkDraftModel(nn.Module):
 def save_drafter(model: DSparkDraftModel, folder: str | Path, dtype: torch.dtype = torch.float16,
                  target_layers: int | None = None, max_positions: int = 32768) -> Path:
     """Write the drafter in the layout SGLang and vLLM load (dspark_core/drafter_layout.py): config.json +
-    model.safetensors, without the shared embedding / LM head, each file atomically. `target_layers`: the
+    model.safetensors, without the shared embedding / LM head, each file atomically (an older dspark_config.json
+    beside them is left alone: the loaders read config.json first). `target_layers`: the
     target's depth (default: one past the deepest context layer); `max_positions`: the target's context."""
     from safetensors.torch import save_file
 
@@ -339,7 +340,6 @@ def save_drafter(model: DSparkDraftModel, folder: str | Path, dtype: torch.dtype
     for name, write in ((WEIGHTS_FILE, lambda p: save_file(tensors, p, metadata={"format": "pt"})),
                         (ENGINE_CONFIG, lambda p: Path(p).write_text(json.dumps(cfg, indent=2) + "\n"))):
         atomic_write(out / name, write)
-    (out / CONFIG_FILE).unlink(missing_ok=True)  # an older layout's config beside the new one would be ambiguous
     return out
 
 

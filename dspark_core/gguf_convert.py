@@ -169,6 +169,8 @@ def convert_gguf(gguf_path: str | Path, out: str | Path, force: bool = False) ->
         raise DSparkError(f"GGUF file {src} not found")
     digest = sha256_of(src)
     stamp = dst / STAMP
+    if dst.exists() and (not dst.is_dir() or (any(dst.iterdir()) and not stamp.is_file())):
+        raise DSparkError(f"{dst} exists and is not a conversion of ours; pass another output folder")
     if stamp.is_file() and not force:
         try:
             prev = json.loads(stamp.read_text())

@@ -118,11 +118,9 @@ def vllm_memory_utilization(profile: Profile, p: dict[str, Any]) -> float:
 def vllm_context(profile: Profile, p: dict[str, Any], bundled: bool = False, max_seq_len: int = 0
                  ) -> dict[str, Any]:
     ctx = _common(profile, p, bundled, max_seq_len)
-    spec: dict[str, Any] = {"method": "dspark", "num_speculative_tokens": ctx["block_size"],
-                            "enable_adaptive_verification": p["spec.scheduler"] != "verify_all"}
-    draft = draft_ref(profile, bundled)
-    if draft:
-        spec = {"method": "dspark", "model": draft, **{k: v for k, v in spec.items() if k != "method"}}
+    draft = draft_ref(profile, bundled)  # None: vllm.sh puts DRAFT_MODEL_PATH in, or refuses to start
+    spec = {"method": "dspark", **({"model": draft} if draft else {}), "num_speculative_tokens": ctx["block_size"],
+            "enable_adaptive_verification": p["spec.scheduler"] != "verify_all"}
     return {**ctx, "quantization": VLLM_QUANT.get(p["weights.dtype"]),
             "attention_backend": VLLM_ATTENTION.get(p["attention.backend"]),
             "gpu_memory_utilization": vllm_memory_utilization(profile, p),

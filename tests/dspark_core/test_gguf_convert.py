@@ -178,3 +178,16 @@ def test_an_unfetched_model_is_one_line_naming_the_command(tmp_path, monkeypatch
         assert cli.main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert "\n" not in err and "python cli.py models fetch smollm2-135m" in err
+
+
+def test_conversion_never_replaces_a_folder_it_did_not_write(small, tmp_path):
+    _, path = small
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    with pytest.raises(DSparkError, match="not a conversion of ours"):
+        convert_gguf(path, mine)
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    convert_gguf(path, tmp_path / "ours")
+    convert_gguf(path, tmp_path / "ours", force=True)  # ours: replaced
+    assert (tmp_path / "ours" / "conversion.json").is_file()
