@@ -54,12 +54,11 @@ def list_studies(db: DbOpt = None, as_json: JsonOpt = False) -> None:
     if not rows:
         console.print("no studies yet: run `dspark tune`")
         return
-    from tuner.objective import OBJECTIVES
+    from tuner.objective import METRIC_UNITS, OBJECTIVES
 
     table = Table("study", "mode", "model", "GPU", "trials", "done", "ok", "best", "started")
     for r in rows:
-        label = OBJECTIVES[r["objectives"][0]][2] if r["objectives"] else ""
-        unit = label[label.find("(") + 1:-1] if "(" in label else ""
+        unit = METRIC_UNITS.get(OBJECTIVES[r["objectives"][0]][0], "") if r["objectives"] else ""
         best = f"{r['best']:,.4g} {unit}".strip() if r["best"] is not None else "-"
         table.add_row(r["study"], r["mode"] or "?", r["model"] or "?", r["gpu"] or "?", str(r["trials"]),
                       str(r["completed"]), str(r["feasible"]), best, (r["started"] or "")[:10])

@@ -13,6 +13,8 @@ from typing import Any
 from profiler.schema import Profile
 
 FOUR_BIT = ("int4", "nvfp4")  # weight formats that need `workload.quality: relaxed`
+METRIC_UNITS = {"throughput": "tok/s/GPU", "tpot_p99_ms": "ms", "ttft_p99_ms": "ms", "tau": "tokens/round",
+                "verify_tokens_per_step": "tokens", "cut_requests": "requests"}  # the unit of each metric key
 OBJECTIVES: dict[str, tuple[str, str, str]] = {  # name -> (metric key, direction, label with its unit)
     "throughput": ("throughput", "maximize", "throughput (tok/s/GPU)"),  # output tokens per second per GPU
     "tpot_p99": ("tpot_p99_ms", "minimize", "p99 TPOT (ms)"),  # p99 time per output token

@@ -10,7 +10,7 @@ from kb.match import Plan
 from profiler.schema import Profile
 from tuner import plots
 from tuner.acceptance import acceptance_for
-from tuner.objective import OBJECTIVES, Evaluator
+from tuner.objective import METRIC_UNITS, OBJECTIVES, Evaluator
 from tuner.space import SearchSpace
 from tuner.study import StudySpec, completed, feasible_trials
 
@@ -104,10 +104,6 @@ def write_report(out: Path, template, study, spec: StudySpec, trial, meets: bool
         profile_id=spec.profile_id, plan_id=spec.plan_id, db_url=_redact(db_url), tool_version=spec.tool_version,
         exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     (out / "report.md").write_text(text)
-
-
-METRIC_UNITS = {"throughput": "tok/s/GPU", "tpot_p99_ms": "ms", "ttft_p99_ms": "ms", "tau": "tokens/round",
-                "verify_tokens_per_step": "tokens", "cut_requests": "requests"}  # report.md's metric units
 
 
 def _redact(url: str) -> str:
