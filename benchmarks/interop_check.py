@@ -16,7 +16,7 @@ by bash, unmodified, against the released engines' own code.
    stand-in is the config.json of the published drafter (profiler/catalog/drafters.yaml) or, where none exists,
    the one `train-drafter` would write for the tuned head, depth and block. The tiny CPU case ships its trained
    drafter, so SGLang's Markov and confidence heads and vLLM's draft model load its real weights there.
-Results: benchmarks/results/interop.json; `--write` puts the table into RESULTS.md.
+`--write` records the rows in benchmarks/results/interop.json and the table in RESULTS.md.
 """
 
 from __future__ import annotations
@@ -351,7 +351,8 @@ def main() -> int:
         for name in names:
             print(f"case {name} ...", file=sys.stderr)
             rows.append(run_case(name, py, Path(tmp), cpu))
-    out.write_text(json.dumps(rows, indent=2, default=str) + "\n")
+    if a.write:  # a partial run must not overwrite the record RESULTS.md was written from
+        out.write_text(json.dumps(rows, indent=2, default=str) + "\n")
     ok = all("error" not in r and verdict(r)[0].startswith("pass")
              and (verdict(r)[1].startswith("pass") or verdict(r)[1].startswith("refused"))
              and r.get("vllm_cpu", {"ok": True})["ok"] and r.get("control", {"caught": True})["caught"] for r in rows)
