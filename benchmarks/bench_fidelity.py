@@ -1,4 +1,4 @@
-"""Simulator fidelity on this CPU: predicted vs measured throughput of the tiny target over >= 20 configs.
+"""Simulator fidelity on this CPU: predicted vs measured throughput of a target over >= 20 configs.
 
 1. Calibrate (a separate run set, calibration prompts disjoint from the evaluation prompts, and
    configurations not in the evaluation set): every target forward and drafter call of instrumented
@@ -18,6 +18,7 @@
    benchmarks/results/fidelity.json (tests/tuner/test_fidelity.py re-checks the ranking with them).
 
 Run: python benchmarks/bench_fidelity.py [--prompts 8] [--max-new 32] [--repeats 5]
+     python benchmarks/bench_fidelity.py --model smollm2-135m --dtype bf16 --threads 2 (the real target)
 """
 
 from __future__ import annotations
@@ -60,39 +61,45 @@ def mape(pred: list[float], meas: list[float]) -> float:
     return float(np.mean([abs(p - m) / m for p, m in zip(pred, meas, strict=True)]))
 
 
-def available_heads() -> list[str]:
-    from dspark_core.config import ASSETS
+def available_heads(model: str | None) -> list[str]:
+    """Heads with a committed drafter for the target (the tiny one, or a fetched model's)."""
+    from dspark_core.config import ASSETS, committed_assets
     from dspark_core.drafter import is_drafter
 
-    return [h for h in HEADS if is_drafter(ASSETS / "drafters" / h)]
+    root = committed_assets(model) if model else ASSETS
+    return [h for h in HEADS if root is not None and is_drafter(root / "drafters" / h)]
 
 
 class Bench:
-    """The tiny target, both prompt sets, the profile and the engine runner."""
+    """The target (the tiny one, or `model`), both prompt sets, the profile and the engine runner."""
 
-    def __init__(self, n_prompts: int, max_new: int) -> None:
+    def __init__(self, n_prompts: int, max_new: int, model: str | None = None, dtype: str = "fp32",
+                 threads: int = 1) -> None:
         import torch
 
-        torch.set_num_threads(1)
+        torch.set_num_threads(threads)
         import dspark_core.config as dc
+        from dspark_core.checkpoint import checkpoint_folder
         from dspark_core.prompts import load_prompts
         from profiler.build import build_profile
         from tuner.measure import HELDOUT_PROMPTS, MeasureEvaluator
         from tuner.perf import Hardware, ModelShape
 
-        self.profile = build_profile(model=str(dc.ASSETS / "target"), gpu="auto", workload=None, measure=True)
+        folder = str(checkpoint_folder(model)) if model else str(dc.ASSETS / "target")
+        self.dtype = dtype
+        self.profile = build_profile(model=folder, gpu="auto", workload=None, measure=True)
         self.shape, self.hw = ModelShape.from_profile(self.profile), Hardware.from_profile(self.profile)
-        self.meas = MeasureEvaluator(self.profile, n_prompts=n_prompts, max_new_tokens=max_new)
+        self.meas = MeasureEvaluator(self.profile, n_prompts=n_prompts, max_new_tokens=max_new, dtype=dtype)
         self.max_new = max_new
         rows = load_prompts(HELDOUT_PROMPTS, limit=2 * n_prompts)
         self.eval_prompts = [r.prompt for r in rows[:n_prompts]]
         self.calib_prompts = [r.prompt for r in rows[n_prompts:2 * n_prompts]]
-        self.heads = available_heads()
+        self.heads = available_heads(model)
 
     def params(self, **kw: Any) -> dict[str, Any]:
         from tuner.space import engine_defaults
 
-        p = {**engine_defaults(), "spec.enabled": False}
+        p = {**engine_defaults(), "spec.enabled": False, "weights.dtype": self.dtype}
         p.update({k.replace("__", "."): v for k, v in kw.items()})
         return p
 
@@ -124,7 +131,7 @@ class Bench:
 def perf_model(b: Bench, eff):
     from tuner.perf import PerfModel
 
-    return PerfModel(b.shape, b.hw, eff, weights_dtype="fp32", kv_dtype="fp32")
+    return PerfModel(b.shape, b.hw, eff, weights_dtype=b.dtype, kv_dtype=b.dtype)
 
 
 def accept_model(head: str, calib: dict[str, Any]):
@@ -176,7 +183,7 @@ def calibrate(b: Bench, runs: list[tuple[dict[str, Any], dict]]) -> dict[str, An
     from tuner.calibrate import beta_concentration, fit_efficiency, fit_round_overhead
 
     forwards = [s for _, r in runs for s in r["forwards"]]
-    eff, err = fit_efficiency(forwards, b.shape, b.hw, "fp32", "fp32", unbiased=True)
+    eff, err = fit_efficiency(forwards, b.shape, b.hw, b.dtype, b.dtype, unbiased=True)
     perf = perf_model(b, eff)
     # drafter calls: measured seconds ~ draft_scale * (cost from the drafter's size) + draft_request_s * rows
     draft_rows = [(d[3], perf.draft_step(int(d[0]), int(d[1]), d[2], int(p["spec.draft_layers"]), p["spec.head"],
@@ -245,10 +252,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="measured repeats per config (interleaved; median)")
     ap.add_argument("--probe", action=argparse.BooleanOptionalAction, default=True,
                     help="scale predictions by a calibration probe run beside each evaluation run (load tracking)")
-    ap.add_argument("--out", type=Path, default=OUT, help="JSON with calibration constants and the table")
+    ap.add_argument("--out", type=Path, default=None, help="JSON with calibration constants and the table "
+                    "(default: results/fidelity.json, or results/fidelity_MODEL.json with --model)")
+    ap.add_argument("--model", default=None, help="target: a fetched model (smollm2-135m) or folder; default tiny")
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
+    args.out = args.out or (OUT.with_name(f"fidelity_{Path(args.model).name}.json") if args.model else OUT)
     t_start = time.time()
-    b = Bench(args.prompts, args.max_new)
+    b = Bench(args.prompts, args.max_new, args.model, args.dtype, args.threads)
     print(f"drafters: {b.heads or 'none trained yet (ngram fallback)'}; load average {os.getloadavg()[0]:.2f}")
     cfgs = eval_configs(b)
     lengths = b.lengths(b.eval_prompts)
@@ -296,7 +308,8 @@ def main() -> None:
     summary = {"configs": len(rows), "mape": mape(pred, meas), "spearman": spearman(pred, meas),
                "mape_no_probe": mape(raw_pred, meas), "spearman_no_probe": spearman(raw_pred, meas),
                "seconds": time.time() - t_start, "load_average": os.getloadavg()[0],
-               "prompts": args.prompts, "max_new_tokens": args.max_new, "repeats": args.repeats}
+               "prompts": args.prompts, "max_new_tokens": args.max_new, "repeats": args.repeats,
+               "model": args.model or "tiny", "dtype": args.dtype, "threads": args.threads}
     print("\n| config | measured tok/s | predicted tok/s | error | tau meas | tau pred |\n|---|---|---|---|---|---|")
     for r in rows:
         err = (r["predicted"] - r["measured"]) / r["measured"]

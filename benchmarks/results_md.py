@@ -15,13 +15,23 @@ from dspark_core.atomic import atomic_write_text  # noqa: E402
 
 def bench_table(result: dict) -> str:
     """Markdown table of `python cli.py bench --json` output."""
-    lines = ["| method | tokens/s | speedup vs plain | tau | per-position acceptance | lossless |",
-             "|---|---:|---:|---:|---|---|"]
+    ident = any("identical_share" in m for m in result["methods"])
+    head = "| method | tokens/s | speedup vs plain | tau | per-position acceptance | lossless |"
+    rule = "|---|---:|---:|---:|---|---|"
+    if ident:
+        head += " identical to plain | first divergence: prompt, token, target top-2 margin |"
+        rule += "---:|---|"
+    lines = [head, rule]
     for m in result["methods"]:
         acc = " ".join(f"{x:.2f}" for x in m["position_acceptance"]) or "-"
         tau = f"{m['tau']:.2f}" if m["tau"] else "-"
         loss = {True: "yes", False: "no", None: "-"}[m["lossless"]]
-        lines.append(f"| {m['name']} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {tau} | {acc} | {loss} |")
+        row = f"| {m['name']} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {tau} | {acc} | {loss} |"
+        if ident:
+            share, div = m.get("identical_share"), m.get("first_divergence")
+            row += f" {share:.0%} |" if share is not None else " - |"
+            row += f" {div['prompt']}, {div['position']}, {div['top2_margin']:.3f} |" if div else " - |"
+        lines.append(row)
     return "\n".join(lines)
 
 

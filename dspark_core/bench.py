@@ -1,9 +1,10 @@
 """`bench`: methods run in one process on the same prompts, interleaved and repeated; one row per method.
 
 Methods: `plain` (our runner, no speculation), `hf_assisted` (transformers' assisted generation with the
-same target and the small draft model: the peer), `ar_draft` (our loop, same draft model), `ngram`
-(prompt lookup), and part 2's DSpark drafters by name: `dflash` (head none), `dspark_markov`, `dspark_rnn`,
-with an optional `/scheduler` suffix (`dspark_markov/prefix`). Rows follow DESIGN.md section 3.
+same target and the small draft model: the peer), `hf_prompt_lookup` (transformers' prompt lookup decoding),
+`ar_draft` (our loop, same draft model), `ngram` (prompt lookup), and part 2's DSpark drafters by name:
+`dflash` (head none), `dspark_markov`, `dspark_rnn`, with an optional `/scheduler` suffix
+(`dspark_markov/prefix`). Rows follow DESIGN.md section 3.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from dspark_core.tokenizer import Tokenizer
 
 BASE_METHODS = ("plain", "hf_assisted", "ar_draft", "ngram")  # the part-1 methods, default selection
+HF_METHODS = ("hf_assisted", "hf_prompt_lookup")  # transformers' generate: assisted with the AR draft / prompt lookup
+HF_PROMPT_LOOKUP_TOKENS = 10  # prompt_lookup_num_tokens: the value transformers' documentation suggests
 HEADS = {"dflash": "none", "dspark_markov": "markov", "dspark_rnn": "rnn"}  # DSpark method -> spec.head
 SCHEDULERS = ("verify_all", "threshold", "prefix", "async_topk")  # valid `/scheduler` suffixes
 
@@ -40,7 +43,7 @@ def method_params(name: str, config: EngineConfig) -> dict[str, Any]:
     elif base in HEADS:
         params = {"drafter.method": "dspark", "spec.head": HEADS[base], "drafter.path": None}
     else:
-        known = ", ".join([*BASE_METHODS, *HEADS])
+        known = ", ".join([*BASE_METHODS, "hf_prompt_lookup", *HEADS])
         raise DSparkError(f"unknown bench method {name!r}; choose from {known} (DSpark ones may add /scheduler)")
     if sched:
         params["spec.scheduler"] = sched
@@ -80,12 +83,16 @@ class EngineMethod:
 
 @dataclass
 class HFAssistedMethod:
-    """transformers `generate(assistant_model=...)` with its default assistant schedule, one prompt at a time."""
+    """transformers `generate` one prompt at a time (its assisted generation takes batch size 1): with
+    `assistant_model` (its default assistant schedule) or, when `prompt_lookup` is set, with
+    `prompt_lookup_num_tokens` (its n-gram prompt lookup, no draft model)."""
 
     name: str
     target_path: str
-    draft_path: str
+    draft_path: str | None
     eos: set[int]
+    dtype: str = "fp32"  # fp32 | bf16: the same precision as our methods in the run
+    prompt_lookup: int | None = None  # prompt_lookup_num_tokens (None = assisted generation with the draft)
     model: Any = None
     assistant: Any = None
 
@@ -95,9 +102,11 @@ class HFAssistedMethod:
 
         transformers.utils.logging.set_verbosity_error()
         transformers.utils.logging.disable_progress_bar()
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(self.target_path, dtype=torch.float32).eval()
-        self.assistant = transformers.AutoModelForCausalLM.from_pretrained(self.draft_path,
-                                                                           dtype=torch.float32).eval()
+        dt = torch.bfloat16 if self.dtype == "bf16" else torch.float32
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(self.target_path, dtype=dt).eval()
+        if self.prompt_lookup is None:
+            assert self.draft_path is not None
+            self.assistant = transformers.AutoModelForCausalLM.from_pretrained(self.draft_path, dtype=dt).eval()
 
     def run(self, prompts: list[list[int]], sp: SamplingParams) -> tuple[list[list[int]], GenStats]:
         import torch
@@ -115,9 +124,11 @@ class HFAssistedMethod:
                 torch.manual_seed(sp.seed + i)
             inp = torch.tensor([ids])
             with torch.inference_mode():
-                out = self.model.generate(inp, attention_mask=torch.ones_like(inp), assistant_model=self.assistant,
-                                          max_new_tokens=sp.max_new_tokens, eos_token_id=eos,
-                                          pad_token_id=sorted(self.eos)[0] if self.eos else 0, **kwargs)
+                spec = ({"prompt_lookup_num_tokens": self.prompt_lookup} if self.prompt_lookup is not None
+                        else {"assistant_model": self.assistant})
+                out = self.model.generate(inp, attention_mask=torch.ones_like(inp), max_new_tokens=sp.max_new_tokens,
+                                          eos_token_id=eos, pad_token_id=sorted(self.eos)[0] if self.eos else 0,
+                                          **spec, **kwargs)
             new = out[0, len(ids) :].tolist()
             if not sp.ignore_eos:
                 cut = [j for j, t in enumerate(new) if t in self.eos]
@@ -156,8 +167,17 @@ class BenchSpec:
     block_size: int | None = None  # spec.block_size override (None = the config's)
 
 
+def checkpoint_path(config: EngineConfig) -> str:
+    """The target's folder (a fetched model's name resolved), for transformers."""
+    from dspark_core.checkpoint import checkpoint_folder
+
+    return str(checkpoint_folder(config.model.path))
+
+
 def build_methods(spec: BenchSpec, config: EngineConfig, target: LeanModel, tokenizer: Tokenizer) -> list[Method]:
     """Instantiate every method once (loading weights is not timed)."""
+    import torch
+
     base = apply_params(config, {"batch.max_requests": spec.concurrency, "spec.enabled": True})
     if spec.block_size is not None:
         base = apply_params(base, {"spec.block_size": spec.block_size})
@@ -165,12 +185,16 @@ def build_methods(spec: BenchSpec, config: EngineConfig, target: LeanModel, toke
     if need > base.model.max_seq_len:
         base = apply_params(base, {"model.max_seq_len": need})
     methods: list[Method] = []
+    hf_dtype = "bf16" if target.dtype == torch.bfloat16 else "fp32"
     for name in spec.methods:
         if name == "hf_assisted":
             draft = drafter_path(base, "ar_draft")
             if not draft:
                 raise DSparkError("hf_assisted needs drafter.path (the small draft model); set it in the config")
-            methods.append(HFAssistedMethod(name, base.model.path, draft, set(target.arch.eos_ids)))
+            methods.append(HFAssistedMethod(name, checkpoint_path(base), draft, set(target.arch.eos_ids), hf_dtype))
+        elif name == "hf_prompt_lookup":
+            methods.append(HFAssistedMethod(name, checkpoint_path(base), None, set(target.arch.eos_ids), hf_dtype,
+                                            prompt_lookup=HF_PROMPT_LOOKUP_TOKENS))
         else:
             cfg = apply_params(base, method_params(name, base))
             methods.append(EngineMethod(name, cfg, target, tokenizer))
@@ -198,16 +222,25 @@ def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> l
     return [rows[m.name] for m in methods]
 
 
-def report(spec: BenchSpec, rows: list[Row], device: str) -> dict[str, Any]:
-    """The bench JSON (DESIGN.md section 3)."""
+def report(spec: BenchSpec, rows: list[Row], device: str, target: LeanModel | None = None) -> dict[str, Any]:
+    """The bench JSON (DESIGN.md section 3). `lossless` is true only for token-identical greedy outputs; with
+    `target`, every method also gets `identical_share` and its `first_divergence` (dspark_core/identity.py)."""
+    from dataclasses import asdict
+
+    from dspark_core.identity import identity
+
     plain = next((r for r in rows if r.name == "plain"), None)
     out_methods = []
     for r in rows:
         st = r.stats
         lossless: bool | None = None
+        extra: dict[str, Any] = {}
         if spec.sampling.greedy and plain is not None:
             lossless = r.outputs == plain.outputs
-        speculative = st is not None and st.rounds > 0 and r.name not in ("plain", "hf_assisted")
+            if target is not None and r is not plain:
+                share, div = identity(target, spec.prompts, plain.outputs, r.outputs)
+                extra = {"identical_share": round(share, 4), "first_divergence": asdict(div) if div else None}
+        speculative = st is not None and st.rounds > 0 and r.name not in ("plain", *HF_METHODS)
         out_methods.append({
             "name": r.name,
             "tokens_per_s": round(r.tokens_per_s, 2),
@@ -218,6 +251,7 @@ def report(spec: BenchSpec, rows: list[Row], device: str) -> dict[str, Any]:
             "verify_tokens_per_step": round(st.verify_tokens_per_step, 3) if st and st.steps else None,
             "generated_tokens": r.tokens,
             "seconds": round(r.seconds, 3),
+            **extra,
         })
     return {"device": device, "prompts": len(spec.prompts), "max_new_tokens": spec.sampling.max_new_tokens,
             "temperature": spec.sampling.temperature, "repeats": spec.repeats, "concurrency": spec.concurrency,

@@ -73,8 +73,9 @@ def bench_cmd(
     prompts: Annotated[Path, typer.Option(help="JSONL prompt file ({\"prompt\": ...} per line).")],
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens to generate per prompt.")] = 64,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy (lossless check on).")] = 0.0,
-    methods: Annotated[str, typer.Option(help="Comma-separated methods (plain, hf_assisted, ar_draft, ngram, "
-                                              "dflash, dspark_markov, dspark_rnn, NAME/scheduler).")] = (
+    methods: Annotated[str, typer.Option(help="Comma-separated methods (plain, hf_assisted, hf_prompt_lookup, "
+                                              "ar_draft, ngram, dflash, dspark_markov, dspark_rnn, "
+                                              "NAME/scheduler).")] = (
         "plain,hf_assisted,ar_draft,ngram"),
     repeats: Annotated[int, typer.Option(min=1, help="Timed interleaved passes per method.")] = 3,
     block_size: Annotated[int | None, typer.Option(min=1, max=16, help="spec.block_size override.")] = None,
@@ -87,6 +88,9 @@ def bench_cmd(
     model: ModelOpt = None,
     dtype: Annotated[str | None, typer.Option(help="Weight dtype: fp32, bf16, fp16, fp8, ... (default: the "
                                                    "config's; auto = fp32 on a CPU).")] = None,
+    record_acceptance: Annotated[bool, typer.Option("--record-acceptance", help="Write the verify_all DSpark rows' "
+                                                    "acceptance beside their committed drafters (acceptance.json, "
+                                                    "read by `profile`).")] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Compare generation methods on the same prompts: tokens/s, speedup, tau, acceptance, losslessness."""
@@ -121,20 +125,36 @@ def bench_cmd(
     err = Console(stderr=True)
     with Progress(console=err, transient=True, disable=json_out) as progress:
         rows = run_bench(spec, built, progress)
-    result = report(spec, rows, device_name(target))
+    result = report(spec, rows, device_name(target), target)
+    if record_acceptance:
+        import shlex
+        from collections import Counter
+
+        from dspark_core.acceptance_record import record_acceptance as record
+
+        domain = Counter(r.domain or "mixed" for r in records).most_common(1)[0][0]
+        command = "python cli.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        result["acceptance_recorded"] = [str(p) for p in record(result, cfg, domain, command)]
     if json_out:
         _print_json(result)
         return
     table = Table(title=f"bench: {len(ids)} prompts x {max_new_tokens} tokens, T={temperature}, "
                         f"{repeats} repeats, {result['device']}")
-    for col in ("method", "tokens/s", "speedup", "tau", "position acceptance", "lossless"):
+    for col in ("method", "tokens/s", "speedup", "tau", "position acceptance", "lossless", "identical",
+                "first divergence (prompt:pos, top-2 margin)"):
         table.add_column(col)
     for m in result["methods"]:
         acc = " ".join(f"{x:.2f}" for x in m["position_acceptance"])
+        div = m.get("first_divergence")
+        share = m.get("identical_share")
         table.add_row(m["name"], f"{m['tokens_per_s']:.1f}", f"{m['speedup']:.2f}x" if m["speedup"] else "-",
                       f"{m['tau']:.2f}" if m["tau"] else "-", acc or "-",
-                      {True: "yes", False: "NO", None: "-"}[m["lossless"]])
+                      {True: "yes", False: "NO", None: "-"}[m["lossless"]],
+                      f"{share:.0%}" if share is not None else "-",
+                      f"{div['prompt']}:{div['position']}, {div['top2_margin']:.3f}" if div else "-")
     Console().print(table)
+    for path in result.get("acceptance_recorded", []):
+        Console().print(f"acceptance recorded -> {path}")
 
 
 def generate_cmd(

@@ -18,6 +18,7 @@ from dspark_core.errors import DSparkError
 from dspark_core.sampling import SamplingParams
 
 ASSETS = Path(__file__).parent / "assets" / "tiny"  # the committed reference models (build-tiny)
+MODEL_ASSETS = Path(__file__).parent / "assets"  # <name>/drafters/<head> + <name>/draft: drafters of fetched models
 
 
 class _Section(BaseModel):
@@ -139,19 +140,37 @@ class EngineConfig(_Section):
 
 
 def drafter_path(config: EngineConfig, method: str | None = None) -> str | None:
-    """`drafter.path`, or when unset on the tiny reference target the committed drafter for `method` (default
-    `drafter.method`): its AR draft model (ar_draft) or its DSpark drafter for `spec.head` (dspark); else None."""
+    """`drafter.path`, or when unset the committed drafter for `method` (default `drafter.method`) of the tiny
+    reference target or of a fetched model (`models fetch`): its AR draft model (ar_draft) or its DSpark drafter
+    for `spec.head` (dspark); else None."""
     if config.drafter.path:
         return config.drafter.path
-    try:
-        tiny = Path(config.model.path).resolve() == (ASSETS / "target").resolve()
-    except OSError:
-        tiny = False
-    if not tiny:
+    root = committed_assets(config.model.path)
+    if root is None:
         return None
-    committed = {"ar_draft": ASSETS / "draft", "dspark": ASSETS / "drafters" / config.spec.head}
-    path = committed.get(method or config.drafter.method)
-    return str(path) if path is not None else None
+    method = method or config.drafter.method
+    if method == "ar_draft" and root != ASSETS:  # a fetched model's slim draft, assembled with its embedding
+        from dspark_core.checkpoint import checkpoint_folder
+        from dspark_core.train_ar import ensure_draft
+
+        full = ensure_draft(root.name, checkpoint_folder(config.model.path))
+        return str(full) if full is not None else None
+    committed = {"ar_draft": root / "draft", "dspark": root / "drafters" / config.spec.head}
+    path = committed.get(method)
+    return str(path) if path is not None and path.is_dir() else None
+
+
+def committed_assets(model_path: str) -> Path | None:
+    """The folder of committed drafters for a target: the tiny target's, or `assets/<name>` of a fetched model."""
+    from dspark_core.models_fetch import name_of
+
+    try:
+        if Path(model_path).resolve() == (ASSETS / "target").resolve():
+            return ASSETS
+    except OSError:
+        return None
+    name = name_of(model_path)
+    return MODEL_ASSETS / name if name is not None else None
 
 
 def apply_params(config: EngineConfig, params: dict[str, Any]) -> EngineConfig:

@@ -155,7 +155,8 @@ class DSparkDrafter(Drafter):
 
 def drafter_folder(config: EngineConfig) -> Path:
     """The DSpark drafter's folder: `drafter.path` (a folder or a Hugging Face model id in the local cache), or the
-    tiny target's committed drafter for `spec.head` (config.drafter_path); one DSparkError line otherwise."""
+    committed drafter for `spec.head` of the tiny target or a fetched model (config.drafter_path); one DSparkError
+    line otherwise."""
     from dspark_core.checkpoint import checkpoint_folder
     from dspark_core.config import drafter_path
 

@@ -52,6 +52,18 @@ def local_folder(name: str) -> Path | None:
     return folder if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file() else None
 
 
+def name_of(folder: str | Path) -> str | None:
+    """The catalogue key of a fetched model's folder (or of a name / alias), else None."""
+    key = canonical(str(folder))
+    if key is not None:
+        return key
+    try:
+        path = Path(folder).expanduser().resolve()
+        return next((k for k in fetchable() if path == (models_dir() / k).resolve()), None)
+    except OSError:
+        return None
+
+
 def require(name: str) -> Path:
     """The fetched folder of `name`, or one DSparkError line naming the fetch command."""
     key = canonical(name)

@@ -227,7 +227,26 @@ def build_profile(model: str | None, gpu: str | None, workload: str | WorkloadPr
     if resolved:
         from profiler.drafter import drafter_profile
 
-        profile.drafter, d_notes = drafter_profile(drafter, mp.name, mp.name == "tiny-target")
+        committed = committed_root(mp.name)
+        profile.drafter, d_notes = drafter_profile(drafter, mp.name, committed)
         notes += d_notes
+        if committed is not None and drafter in (None, "auto") and profile.drafter.id:
+            from profiler.drafter import measured_acceptance
+
+            accept, a_notes = measured_acceptance(committed, wl.domain)
+            notes += a_notes
+            if accept is not None:
+                profile.accept = accept
     profile.notes = notes or None
     return profile
+
+
+def committed_root(model_name: str | None) -> Path | None:
+    """Where the committed drafters of a model live: the tiny target's, or a fetched model's (by catalogue name)."""
+    from dspark_core.config import ASSETS, MODEL_ASSETS
+    from dspark_core.models_fetch import canonical
+
+    if model_name == "tiny-target":
+        return ASSETS
+    key = canonical(model_name or "")
+    return MODEL_ASSETS / key if key is not None else None

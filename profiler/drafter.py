@@ -12,24 +12,54 @@ from pathlib import Path
 
 from profiler.catalog import published_drafter
 from profiler.errors import ProfileError
-from profiler.schema import DrafterProfile
+from profiler.schema import AcceptProfile, DrafterProfile
 
 HEAD_ORDER = ("none", "markov", "rnn")
+ACCEPTANCE_FILE = "acceptance.json"  # measured acceptance beside a committed drafter (bench --record-acceptance)
 
 
-def tiny_drafters() -> DrafterProfile | None:
-    """The committed drafters of the tiny target (one per head, same depth and block)."""
-    from dspark_core.config import ASSETS
+def committed_drafters(root: Path) -> DrafterProfile | None:
+    """The committed drafters under `root`/drafters (the tiny target's, or a fetched model's): one per head."""
     from dspark_core.drafter import is_drafter, read_drafter_config
 
-    folders = [ASSETS / "drafters" / h for h in HEAD_ORDER if is_drafter(ASSETS / "drafters" / h)]
+    folders = [root / "drafters" / h for h in HEAD_ORDER if is_drafter(root / "drafters" / h)]
     if not folders:
         return None
     cfgs = [read_drafter_config(f) for f in folders]
-    return DrafterProfile(id=str(ASSETS / "drafters"), source="dspark_core/assets/tiny/drafters (trained here)",
+    return DrafterProfile(id=str(root / "drafters"), source=f"dspark_core/assets/{root.name}/drafters (trained here)",
                           heads=[c.head for c in cfgs], layers=cfgs[0].num_layers,
                           block_size=min(c.block_size for c in cfgs), markov_rank=cfgs[0].markov_rank,
                           confidence_head=True)
+
+
+def measured_acceptance(root: Path, domain: str | None) -> tuple[AcceptProfile | None, list[str]]:
+    """The acceptance measured for the committed drafters under `root` (`<head>/acceptance.json`, written by
+    `bench --record-acceptance`) on the workload's domain, or None with a note saying why not."""
+    import json
+
+    per_head: dict[str, dict] = {}
+    for h in HEAD_ORDER:
+        f = root / "drafters" / h / ACCEPTANCE_FILE
+        if f.is_file():
+            try:
+                per_head[h] = json.loads(f.read_text())
+            except ValueError:
+                return None, [f"{f} is not valid JSON; re-run the bench with --record-acceptance"]
+    if not per_head:
+        return None, []
+    want = domain or "mixed"
+    got = {h: d["domains"][want] for h, d in per_head.items() if want in d.get("domains", {})}
+    if not got:
+        have = sorted({k for d in per_head.values() for k in d.get("domains", {})})
+        return None, [f"acceptance of the committed drafters is measured on {', '.join(have)}, not {want}: the "
+                      "simulator uses the published prior"]
+    best = max(got, key=lambda h: got[h]["tau"])  # the head the deployment runs by default: the measured best
+    m = got[best]
+    acc = AcceptProfile(drafter=f"{root.name}/{best}", gamma=m["gamma"], tau=m["tau"],
+                        position_acceptance=m["position_acceptance"], confidence_ece=m.get("confidence_ece"),
+                        source=f"measured: {m['command']}", domain=want,
+                        per_head={h: g["position_acceptance"] for h, g in got.items()})
+    return acc, [f"acceptance measured on {want} for heads {', '.join(got)} ({acc.source})"]
 
 
 def folder_drafter(path: Path) -> DrafterProfile:
@@ -46,8 +76,10 @@ def folder_drafter(path: Path) -> DrafterProfile:
                           confidence_head=True)
 
 
-def drafter_profile(choice: str | None, model_name: str | None, is_tiny: bool) -> tuple[DrafterProfile, list[str]]:
-    """The drafter section for `--drafter choice` (None or "auto": what exists for this model)."""
+def drafter_profile(choice: str | None, model_name: str | None, committed: Path | None
+                    ) -> tuple[DrafterProfile, list[str]]:
+    """The drafter section for `--drafter choice` (None or "auto": what exists for this model; `committed`: the
+    folder of the model's committed drafters, for the tiny target and fetched models)."""
     if choice and choice not in ("auto", "none"):
         p = Path(choice).expanduser()
         if not p.is_dir():
@@ -57,10 +89,10 @@ def drafter_profile(choice: str | None, model_name: str | None, is_tiny: bool) -
     if choice == "none":
         return DrafterProfile(chosen="none"), ["no drafter chosen (--drafter none): the plan searches head, depth "
                                                "and block; train the tuned one with `python cli.py train-drafter`"]
-    if is_tiny:
-        tiny = tiny_drafters()
-        if tiny is not None:
-            return tiny, []
+    if committed is not None:
+        mine = committed_drafters(committed)
+        if mine is not None:
+            return mine, []
     pub = published_drafter(model_name)
     if pub is None:
         return DrafterProfile(), [f"no published DSpark drafter for {model_name or 'this model'}: the plan searches "

@@ -146,6 +146,8 @@ class AcceptProfile(_Strict):
     position_acceptance: list[float] | None = None  # P(accept k | accepted k-1), k = 1..gamma
     confidence_ece: float | None = None  # ECE of calibrated prefix survival
     source: str | None = None  # "measured: <command>" or "prior: <paper section>"
+    domain: str | None = None  # workload domain of the measurement (code, chat, ...)
+    per_head: dict[str, list[float]] | None = None  # measured position_acceptance per sequential head (same gamma)
 
 
 class DrafterProfile(_Strict):

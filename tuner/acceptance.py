@@ -190,6 +190,12 @@ def acceptance_for(profile: Profile, head: str, kappa: float = 3.0, draft_layers
     acc = profile.accept
     domain = profile.workload.domain or "mixed"
     decay = _decay(domain, head)
+    if acc.per_head and acc.per_head.get(head):  # this head's drafter was measured: its per-position figures
+        pa = list(acc.per_head[head])
+        decay = float(np.clip((pa[-1] / pa[0]) ** (1 / (len(pa) - 1)), 0.5, 1.0)) if len(pa) > 1 and pa[0] > 0 \
+            else decay
+        return AcceptanceModel(pa[0], decay, kappa, f"measured ({head}): {acc.source or 'profile accept.per_head'}",
+                               table=tuple(pa))
     if acc.position_acceptance:
         pa = list(acc.position_acceptance)
         first = pa[0]

@@ -41,7 +41,7 @@ class MeasureEvaluator(Evaluator):
     mode = "measure"
 
     def __init__(self, profile: Profile, n_prompts: int = 8, max_new_tokens: int = 48,
-                 trial_limit_s: float = 60.0) -> None:
+                 trial_limit_s: float = 60.0, dtype: str | None = None) -> None:
         from dspark_core.checkpoint import load_model
         from dspark_core.config import EngineConfig
         from dspark_core.tokenizer import Tokenizer
@@ -50,6 +50,8 @@ class MeasureEvaluator(Evaluator):
         self.path = _checkpoint(profile)
         self.base = EngineConfig()
         self.base.model.path = str(self.path)
+        if dtype is not None:  # the target's weights are loaded once: every trial runs them in this dtype
+            self.base.weights.dtype = dtype  # type: ignore[assignment]
         self.target = load_model(self.path, self.base.device, self.base.weights.dtype)
         self.tokenizer = Tokenizer.load(self.path, self.target.arch.eos_ids)
         self.prompts = self._prompts(n_prompts)

@@ -17,6 +17,21 @@ from dspark_core.model import LeanModel  # noqa: E402
 
 
 @pytest.fixture(scope="session")
+def folder() -> Path:
+    """The real pretrained target SmolLM2-135M (`models fetch`): skipped when absent, fetched under CI."""
+    import os
+
+    from dspark_core.models_fetch import fetch, local_folder
+
+    name = "smollm2-135m"
+    if local_folder(name) is None:
+        if not os.environ.get("CI"):
+            pytest.skip(f"{name} not fetched: python cli.py models fetch {name}")
+        fetch(name)
+    return local_folder(name)
+
+
+@pytest.fixture(scope="session")
 def tiny_target() -> LeanModel:
     """The committed reference target (fp32 on CPU)."""
     from dspark_core.checkpoint import load_model

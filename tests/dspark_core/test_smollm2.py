@@ -5,25 +5,15 @@ Its conversion is checked against transformers' own GGUF loader on the same file
 
 from __future__ import annotations
 
-import os
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
-from dspark_core.models_fetch import fetch, fetchable, local_folder
+from dspark_core.models_fetch import fetchable
 
 NAME = "smollm2-135m"
-
-
-@pytest.fixture(scope="module")
-def folder() -> Path:
-    if local_folder(NAME) is None:
-        if not os.environ.get("CI"):
-            pytest.skip(f"{NAME} not fetched: python cli.py models fetch {NAME}")
-        fetch(NAME)
-    return local_folder(NAME)
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,8 @@ def test_train_then_calibrate(target_dir, tmp_path) -> None:
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
     assert report["head"] == "markov" and len(report["heldout_position_acceptance"]) == 4
-    assert (tmp_path / "state" / "train_state.pt").is_file() and not (out / "train_state.pt").exists()
+    assert (tmp_path / "state" / "markov" / "train_state.pt").is_file() and not (out / "train_state.pt").exists()
+    assert (tmp_path / "state" / "train_data.pt").is_file()  # the target's data, shared by the heads
     target = load_model(target_dir, "cpu", "fp32")
     assert load_drafter(out, target).cfg.block_size == 4
     # a rerun resumes at the last step: nothing left to train, same weights

@@ -1,0 +1,56 @@
+"""What the bench measured about a committed drafter, written beside it (`<drafter>/acceptance.json`) so the
+profiler can hand it to the simulator (profile `accept.*`, profiler/drafter.py) instead of a published prior.
+
+One entry per workload domain: the block length, tau and per-position acceptance of the drafter verified in full
+(verify_all, so the figures are the drafter's, not a scheduler's), the calibrated confidence ECE from its
+sts.json, the bench command and the date. Only drafters resolved from the committed assets are written (never a
+folder the user pointed `drafter.path` at).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from dspark_core.atomic import atomic_write_text
+from dspark_core.config import EngineConfig, apply_params, drafter_path
+
+FILE = "acceptance.json"
+
+
+def record_acceptance(result: dict[str, Any], config: EngineConfig, domain: str, command: str) -> list[Path]:
+    """Merge the bench result's verify_all DSpark rows into their committed drafters' acceptance.json."""
+    from dspark_core.bench import HEADS, method_params
+
+    if config.drafter.path:
+        return []
+    written = []
+    for m in result["methods"]:
+        base, _, sched = m["name"].partition("/")
+        if base not in HEADS or (sched or config.spec.scheduler) != "verify_all" or not m["position_acceptance"]:
+            continue
+        folder = drafter_path(apply_params(config, method_params(m["name"], config)))
+        if folder is None:
+            continue
+        path = Path(folder) / FILE
+        data = json.loads(path.read_text()) if path.is_file() else {"domains": {}}
+        entry = {"gamma": len(m["position_acceptance"]), "tau": m["tau"],
+                 "position_acceptance": m["position_acceptance"], "confidence_ece": _ece(Path(folder)),
+                 "prompts": result["prompts"], "max_new_tokens": result["max_new_tokens"],
+                 "device": result["device"], "command": command, "measured_at": time.strftime("%Y-%m-%d")}
+        data.setdefault("domains", {})[domain] = entry
+        atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+        written.append(path)
+    return written
+
+
+def _ece(folder: Path) -> float | None:
+    """Mean per-position ECE after STS from the drafter's sts.json (None without one)."""
+    try:
+        ece = json.loads((folder / "sts.json").read_text()).get("ece_after") or []
+    except (OSError, ValueError):
+        return None
+    return round(statistics.fmean(ece), 4) if ece else None
