@@ -102,6 +102,14 @@ def cache_target(target: LeanModel, data: TrainData, layers: tuple[int, ...], k:
                      top_ids=torch.cat(ids), layers=tuple(layers))
 
 
+def set_lr(opt: torch.optim.Optimizer, peak: float, step: int, steps: int, warmup: int) -> float:
+    """Linear warm-up over `warmup` steps, then cosine decay to 0 at `steps`; sets and returns the rate."""
+    lr = peak * min(1.0, (step + 1) / max(1, warmup)) * 0.5 * (1 + math.cos(math.pi * step / steps))
+    for group in opt.param_groups:
+        group["lr"] = lr
+    return lr
+
+
 def position_weights(gamma: int) -> torch.Tensor:
     """w_k = exp(-(k-1)/gamma), k = 1..gamma -> [gamma]."""
     return torch.exp(-torch.arange(gamma, dtype=torch.float32) / gamma)
@@ -222,9 +230,7 @@ def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Pat
         raise ValueError(f"cached target states are of layers {data.layers}, the drafter reads {layers}")
     model.train()
     for step in range(start, cfg.steps):
-        lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup)) * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
-        for group in opt.param_groups:
-            group["lr"] = lr
+        lr = set_lr(opt, cfg.lr, step, cfg.steps, cfg.warmup)
         rows = torch.randint(0, n_seq, (cfg.batch_seqs,), generator=gen)
         tokens = data.tokens[rows].to(target.device)
         top = None

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import shutil
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ import torch
 
 from dspark_core.atomic import atomic_write
 from dspark_core.errors import DSparkError
+from dspark_core.train import set_lr
 
 if TYPE_CHECKING:
     from dspark_core.model import LeanModel
@@ -111,9 +111,7 @@ def distill(student: LeanModel, data: TrainData, spec: ARSpec, state_dir: Path,
     p = min(spec.positions, t)
     student.train()
     for step in range(start, spec.steps):
-        lr = spec.lr * min(1.0, (step + 1) / max(1, spec.warmup)) * 0.5 * (1 + math.cos(math.pi * step / spec.steps))
-        for group in opt.param_groups:
-            group["lr"] = lr
+        set_lr(opt, spec.lr, step, spec.steps, spec.warmup)
         rows = torch.randint(0, n, (spec.batch_seqs,), generator=gen)
         idx = torch.rand(spec.batch_seqs, t, generator=gen).argsort(dim=1)[:, :p]  # [B, P] distinct positions
         logq = torch.log_softmax(_logits_at(student, data.tokens[rows], idx), dim=-1)  # [B, P, V]
