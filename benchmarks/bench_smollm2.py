@@ -37,12 +37,12 @@ CHAT = "plain,ngram,dflash,dspark_markov,dspark_rnn"  # acceptance on chat (the 
 
 
 def bench(args: argparse.Namespace, methods: str, concurrency: int, dtype: str, max_new: int,
-          record: bool = False, prompts: str | None = None) -> tuple[dict, str]:
+          record: bool = False, prompts: str | None = None, repeats: int | None = None) -> tuple[dict, str]:
     """One `cli.py bench` run -> (its JSON, the command as shown)."""
     cmd = [sys.executable, "cli.py", "bench", "--model", MODEL, "--dtype", dtype, "--prompts", prompts or args.prompts,
            "--limit", str(args.limit), "--max-new-tokens", str(max_new), "--methods", methods, "--repeats",
-           str(args.repeats), "--block-size", str(args.block_size), "--threads", str(args.threads), "--concurrency",
-           str(concurrency), "--json"]
+           str(repeats or args.repeats), "--block-size", str(args.block_size), "--threads", str(args.threads),
+           "--concurrency", str(concurrency), "--json"]
     if record:
         cmd.append("--record-acceptance")
     shown = " ".join(shlex.quote(c) for c in ["python", *cmd[1:]])
@@ -138,8 +138,8 @@ def main() -> None:
     sps = sps_tables(args.threads)
     single, cmd1 = bench(args, SINGLE, 1, "bf16", args.max_new_tokens, record=True)
     batch, cmd8 = bench(args, BATCH, 8, "bf16", args.max_new_tokens)
-    fp32, cmd32 = bench(args, LOSSLESS, 1, "fp32", 64)
-    chat, cmdc = bench(args, CHAT, 1, "bf16", args.max_new_tokens, record=True, prompts=args.chat_prompts)
+    fp32, cmd32 = bench(args, LOSSLESS, 1, "fp32", 64, repeats=1)  # the identity check: one pass is enough
+    chat, cmdc = bench(args, CHAT, 1, "bf16", args.max_new_tokens, record=True, prompts=args.chat_prompts, repeats=1)
     vllm, vcmd = None, ""
     if not args.skip_vllm:
         out = HERE / "results" / "smollm2_vllm_cpu.json"

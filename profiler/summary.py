@@ -117,6 +117,20 @@ def render_profile(p: Profile, console: Console, profile_id: int | None = None) 
     if w.entropy:
         _kv(t, "entropy", f"mean {w.entropy.mean:.3f} nats, p90 {w.entropy.p90:.3f}")
     parts.append(t)
+    dr, acc = p.drafter, p.accept
+    if dr.id or acc.tau:
+        t = _table("Drafter")
+        if dr.id:
+            _kv(t, "checkpoint", f"{dr.id} (heads {', '.join(dr.heads or []) or '-'}, {dr.layers} layers, block "
+                                 f"{dr.block_size}, rank {dr.markov_rank})")
+        if acc.tau:
+            pa = " ".join(f"{x:.2f}" for x in acc.position_acceptance or [])
+            _kv(t, "acceptance", f"tau {acc.tau:.2f} at gamma {acc.gamma} on {acc.domain or '-'} ({acc.drafter}); "
+                                 f"per position {pa}")
+            for head, table in (acc.per_head or {}).items():
+                _kv(t, f"  {head}", " ".join(f"{x:.2f}" for x in table))
+            _kv(t, "measured by", acc.source or "-")
+        parts.append(t)
     lines = verdict(p)
     if lines:
         parts.append(Panel("\n".join(lines), title="Verdict", title_align="left"))
