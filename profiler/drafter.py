@@ -28,8 +28,9 @@ def committed_drafters(root: Path) -> DrafterProfile | None:
     cfgs = [read_drafter_config(f) for f in folders]
     return DrafterProfile(id=str(root / "drafters"), source=f"dspark_core/assets/{root.name}/drafters (trained here)",
                           heads=[c.head for c in cfgs], layers=cfgs[0].num_layers,
-                          block_size=min(c.block_size for c in cfgs), markov_rank=cfgs[0].markov_rank,
-                          confidence_head=True)
+                          block_size=min(c.block_size for c in cfgs),
+                          markov_rank=next((c.markov_rank for c in cfgs if c.head != "none"), cfgs[0].markov_rank),
+                          confidence_head=True)  # the rank of the heads that use one (none's W1 feeds only confidence)
 
 
 def measured_acceptance(root: Path, domain: str | None) -> tuple[AcceptProfile | None, list[str]]:

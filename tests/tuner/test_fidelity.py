@@ -46,7 +46,8 @@ def test_offline_replay_is_exact_workload(bench):
     assert res.throughput == pytest.approx(14 / res.extra["makespan_s"])
 
 
-def test_simulator_keeps_the_recorded_ranking(fid):
+@pytest.mark.parametrize("record", ["fidelity.json", "fidelity_smollm2-135m.json"])  # tiny target; the real one
+def test_simulator_keeps_the_recorded_ranking(fid, record: str):
     """Deterministic regression: today's simulator, with the calibration the benchmark recorded on this CPU,
     still ranks the benchmark's measured configurations (Spearman >= 0.9, MAPE <= 15 %, pairs 1.5x apart in order).
 
@@ -59,10 +60,11 @@ def test_simulator_keeps_the_recorded_ranking(fid):
     from profiler.schema import Profile
     from tuner.perf import Hardware, ModelShape
 
-    data = json.loads((ROOT / "benchmarks" / "results" / "fidelity.json").read_text())
+    data = json.loads((ROOT / "benchmarks" / "results" / record).read_text())
     profile = Profile.model_validate(data["profile"])
     b = types.SimpleNamespace(profile=profile, shape=ModelShape.from_profile(profile),
-                              hw=Hardware.from_profile(profile), heads=data["heads"])
+                              hw=Hardware.from_profile(profile), heads=data["heads"],
+                              dtype=data["summary"].get("dtype", "fp32"))
     b.params = types.MethodType(fid.Bench.params, b)
     measured = {r["config"]: r["measured"] for r in data["rows"]}
     cfgs = [c for c in fid.eval_configs(b) if fid.label(c) in measured]
