@@ -235,7 +235,7 @@ def eval_configs(b: Bench) -> list[dict[str, Any]]:
     cfgs = [b.params(batch__max_requests=m) for m in (1, 2, 4, 6)]
     heads = b.heads or ["markov"]
     grid = [(3, "verify_all", 1), (6, "verify_all", 1), (4, "verify_all", 4), (7, "verify_all", 8),
-            (5, "threshold", 2), (6, "prefix", 4)]
+            (5, "threshold", 2), (6, "prefix", 4), (8, "verify_all", 2)]
     if not b.heads:  # ngram fallback has no confidences: verify_all only, more shapes
         grid = [(g, "verify_all", m) for g in (2, 4, 6) for m in (1, 2, 4, 6)]
     for head in heads:
