@@ -7,9 +7,7 @@ tensors of the Hugging Face layout, so a checkpoint written here loads in transf
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -187,10 +185,9 @@ def save_model(model: LeanModel, path: str | Path, dtype: str = "bf16", tokenize
     import torch
     from safetensors.torch import save_file
 
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
+    from dspark_core.atomic import replace_dir
+
+    def fill(tmp: Path) -> None:
         dt = getattr(torch, DTYPES[dtype])
         tensors = {k: v.detach().to("cpu", dt).contiguous() for k, v in hf_state_dict(model).items()}
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -204,13 +201,5 @@ def save_model(model: LeanModel, path: str | Path, dtype: str = "bf16", tokenize
             if eos:
                 tok_cfg["eos_token"] = "<|endoftext|>"
             (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
-        os.chmod(tmp, 0o755)  # mkdtemp / save_file create owner-only modes; checkpoints are shared files
-        for f in tmp.iterdir():
-            os.chmod(f, 0o644)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+
+    return replace_dir(path, fill)

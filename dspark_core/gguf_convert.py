@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from dspark_core.atomic import replace_dir
 from dspark_core.errors import DSparkError
 
 STAMP = "conversion.json"
@@ -183,9 +181,8 @@ def convert_gguf(gguf_path: str | Path, out: str | Path, force: bool = False) ->
     except (ValueError, OSError) as e:
         raise DSparkError(f"{src} is not a readable GGUF file ({e})") from None
     cfg = _config(reader)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         save_file(_tensors(reader, cfg), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         tok_json, tok_cfg = _tokenizer(reader)
@@ -193,17 +190,5 @@ def convert_gguf(gguf_path: str | Path, out: str | Path, force: bool = False) ->
         (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
         (tmp / STAMP).write_text(json.dumps({"source": src.name, "sha256": digest, "converter": CONVERTER_VERSION},
                                             indent=2) + "\n")
-        os.chmod(tmp, 0o755)
-        for f in tmp.iterdir():
-            os.chmod(f, 0o644)
-        if dst.exists():
-            old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
-            os.replace(dst, old)
-            os.replace(tmp, dst)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dst
+
+    return replace_dir(dst, fill)

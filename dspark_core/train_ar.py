@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dspark_core.atomic import atomic_write
+from dspark_core.atomic import atomic_write, replace_dir
 from dspark_core.errors import DSparkError
 from dspark_core.train import set_lr
 
@@ -152,8 +152,8 @@ def save_slim(student: LeanModel, folder: Path, spec: ARSpec) -> Path:
 
 
 def assemble(slim: Path, target: Path, out: Path) -> Path:
-    """A full Hugging Face folder at `out`: the slim draft's tensors + the target's embedding + its tokenizer files.
-    Written in a temporary folder and moved into place; an existing `out` is replaced only when it is one of ours."""
+    """A full Hugging Face folder at `out`: the slim draft's tensors + the target's embedding + its tokenizer files,
+    swapped in atomically; an existing `out` is replaced only when it is one of ours."""
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
@@ -167,11 +167,8 @@ def assemble(slim: Path, target: Path, out: Path) -> Path:
         for name in SHARED:
             if name in f.keys():
                 tensors[name] = f.get_tensor(name).to(torch.bfloat16)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+
+    def fill(tmp: Path) -> None:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         for name in TOKENIZER_FILES:
@@ -179,13 +176,8 @@ def assemble(slim: Path, target: Path, out: Path) -> Path:
                 shutil.copy(target / name, tmp / name)
         marker = {"slim": str(slim), "target": str(target), "sha256": _sha256(slim / "model.safetensors")}
         (tmp / ".dspark-ar-draft").write_text(json.dumps(marker) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+
+    return replace_dir(out, fill)
 
 
 @torch.no_grad()
