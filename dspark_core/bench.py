@@ -43,7 +43,7 @@ def method_params(name: str, config: EngineConfig) -> dict[str, Any]:
     elif base in HEADS:
         params = {"drafter.method": "dspark", "spec.head": HEADS[base], "drafter.path": None}
     else:
-        known = ", ".join([*BASE_METHODS, "hf_prompt_lookup", *HEADS])
+        known = ", ".join(dict.fromkeys([*BASE_METHODS, *HF_METHODS, *HEADS]))
         raise DSparkError(f"unknown bench method {name!r}; choose from {known} (DSpark ones may add /scheduler)")
     if sched:
         params["spec.scheduler"] = sched
@@ -167,16 +167,11 @@ class BenchSpec:
     block_size: int | None = None  # spec.block_size override (None = the config's)
 
 
-def checkpoint_path(config: EngineConfig) -> str:
-    """The target's folder (a fetched model's name resolved), for transformers."""
-    from dspark_core.checkpoint import checkpoint_folder
-
-    return str(checkpoint_folder(config.model.path))
-
-
 def build_methods(spec: BenchSpec, config: EngineConfig, target: LeanModel, tokenizer: Tokenizer) -> list[Method]:
     """Instantiate every method once (loading weights is not timed)."""
     import torch
+
+    from dspark_core.checkpoint import checkpoint_folder
 
     base = apply_params(config, {"batch.max_requests": spec.concurrency, "spec.enabled": True})
     if spec.block_size is not None:
@@ -191,10 +186,11 @@ def build_methods(spec: BenchSpec, config: EngineConfig, target: LeanModel, toke
             draft = drafter_path(base, "ar_draft")
             if not draft:
                 raise DSparkError("hf_assisted needs drafter.path (the small draft model); set it in the config")
-            methods.append(HFAssistedMethod(name, checkpoint_path(base), draft, set(target.arch.eos_ids), hf_dtype))
+            methods.append(HFAssistedMethod(name, str(checkpoint_folder(base.model.path)), draft,
+                                            set(target.arch.eos_ids), hf_dtype))
         elif name == "hf_prompt_lookup":
-            methods.append(HFAssistedMethod(name, checkpoint_path(base), None, set(target.arch.eos_ids), hf_dtype,
-                                            prompt_lookup=HF_PROMPT_LOOKUP_TOKENS))
+            methods.append(HFAssistedMethod(name, str(checkpoint_folder(base.model.path)), None,
+                                            set(target.arch.eos_ids), hf_dtype, prompt_lookup=HF_PROMPT_LOOKUP_TOKENS))
         else:
             cfg = apply_params(base, method_params(name, base))
             methods.append(EngineMethod(name, cfg, target, tokenizer))

@@ -41,7 +41,7 @@ def train_ar_draft_cmd(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from dspark_core.checkpoint import checkpoint_folder
-    from dspark_core.commands_dspark import _emit, _load_target, target_data
+    from dspark_core.commands_dspark import _emit, _load_target, target_data, train_root
     from dspark_core.config import MODEL_ASSETS
     from dspark_core.models_fetch import name_of
     from dspark_core.train import DATA_FILE
@@ -51,7 +51,7 @@ def train_ar_draft_cmd(
     name = name_of(folder)
     if name is None:
         raise DSparkError(f"--target {target} is not a fetched model; AR drafts are committed for those only")
-    root = state_dir or Path.home() / ".cache" / "dspark-tune" / "train-drafter" / folder.name
+    root = state_dir or train_root(folder)
     data_file = root / DATA_FILE
     if not data_file.is_file():
         raise DSparkError(f"no training data at {data_file}: run `python cli.py train-drafter --target {name}` first "

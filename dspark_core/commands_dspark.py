@@ -42,8 +42,19 @@ def _load_target(path: Path, device: str, dtype: str = "fp32") -> Any:
 
     from dspark_core.checkpoint import load_model
 
+    if dtype not in ("fp32", "bf16"):
+        raise DSparkError(f"--dtype {dtype!r} is not one of fp32, bf16")
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     return load_model(path, device, dtype)
+
+
+def train_root(target: Path) -> Path:
+    """Where training state for a target lives in the user cache: the shared data file and one folder per head
+    (`tiny` for the tiny target, else the checkpoint folder's name)."""
+    from dspark_core.models_fetch import models_dir
+
+    key = "tiny" if committed_assets(str(target)) == ASSETS else target.name
+    return models_dir().parent / "train-drafter" / key
 
 
 def code_prompts(target_path: Path, *, count: int, length: int, seed: int, heldout: bool) -> Any:
@@ -150,8 +161,6 @@ def train_drafter_cmd(
 
     if head not in HEADS:
         raise DSparkError(f"--head {head!r} is not one of {', '.join(HEADS)}")
-    if dtype not in ("fp32", "bf16"):
-        raise DSparkError(f"--dtype {dtype!r} is not one of fp32, bf16")
     if gen_len < block_size + 2:
         raise DSparkError(f"--gen-len {gen_len} is too short for blocks of {block_size}; use at least {block_size + 2}")
     assets = committed_assets(str(target))
@@ -159,8 +168,7 @@ def train_drafter_cmd(
         raise DSparkError(f"--out is required for target {target}: committed drafters exist only for the tiny target "
                           "and fetched models")
     folder = out or assets / "drafters" / head  # type: ignore[operator]
-    key = "tiny" if assets == ASSETS else target.name
-    root = state_dir or Path.home() / ".cache" / "dspark-tune" / "train-drafter" / key
+    root = state_dir or train_root(target)
     work = root / head
     work.mkdir(parents=True, exist_ok=True)
     if fresh:
@@ -243,8 +251,6 @@ def calibrate_cmd(
     from dspark_core.drafter import load_drafter
     from dspark_core.rounds import simulate_greedy_rounds
 
-    if dtype not in ("fp32", "bf16"):
-        raise DSparkError(f"--dtype {dtype!r} is not one of fp32, bf16")
     tgt = _load_target(target, device, dtype)
     model = load_drafter(drafter, tgt)
     if gen_len < model.cfg.block_size + 2:

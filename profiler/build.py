@@ -225,9 +225,10 @@ def build_profile(model: str | None, gpu: str | None, workload: str | WorkloadPr
     if spec is not None:
         profile.derived = derive(spec, hw, wl)
     if resolved:
+        from dspark_core.config import committed_assets
         from profiler.drafter import drafter_profile
 
-        committed = committed_root(mp.name)
+        committed = committed_assets(mp.source) if mp.source else None
         profile.drafter, d_notes = drafter_profile(drafter, mp.name, committed)
         notes += d_notes
         if committed is not None and drafter in (None, "auto") and profile.drafter.id:
@@ -239,14 +240,3 @@ def build_profile(model: str | None, gpu: str | None, workload: str | WorkloadPr
                 profile.accept = accept
     profile.notes = notes or None
     return profile
-
-
-def committed_root(model_name: str | None) -> Path | None:
-    """Where the committed drafters of a model live: the tiny target's, or a fetched model's (by catalogue name)."""
-    from dspark_core.config import ASSETS, MODEL_ASSETS
-    from dspark_core.models_fetch import canonical
-
-    if model_name == "tiny-target":
-        return ASSETS
-    key = canonical(model_name or "")
-    return MODEL_ASSETS / key if key is not None else None
