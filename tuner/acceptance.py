@@ -181,6 +181,13 @@ def _prior_model(domain: str, head: str, kappa: float, draft_layers: int | None)
     return AcceptanceModel(table[0], d, kappa, f"{src}; decay over positions: paper Fig. 4 (d = {d:.3f})", table)
 
 
+def _measured_decay(pa: list[float], default: float) -> float:
+    """Geometric decay from the first to the last measured position (clipped to [0.5, 1]); `default` without two."""
+    if len(pa) > 1 and pa[0] > 0:
+        return float(np.clip((pa[-1] / pa[0]) ** (1 / (len(pa) - 1)), 0.5, 1.0))
+    return default
+
+
 def acceptance_for(profile: Profile, head: str, kappa: float = 3.0, draft_layers: int | None = None
                    ) -> AcceptanceModel:
     """The acceptance model for a head on this profile's workload: measured if the profile has it.
@@ -192,19 +199,15 @@ def acceptance_for(profile: Profile, head: str, kappa: float = 3.0, draft_layers
     decay = _decay(domain, head)
     if acc.per_head and acc.per_head.get(head):  # this head's drafter was measured: its per-position figures
         pa = list(acc.per_head[head])
-        decay = float(np.clip((pa[-1] / pa[0]) ** (1 / (len(pa) - 1)), 0.5, 1.0)) if len(pa) > 1 and pa[0] > 0 \
-            else decay
-        return AcceptanceModel(pa[0], decay, kappa, f"measured ({head}): {acc.source or 'profile accept.per_head'}",
-                               table=tuple(pa))
+        return AcceptanceModel(pa[0], _measured_decay(pa, decay), kappa,
+                               f"measured ({head}): {acc.source or 'profile accept.per_head'}", table=tuple(pa))
     if acc.position_acceptance:
         pa = list(acc.position_acceptance)
-        first = pa[0]
-        if len(pa) > 1 and pa[0] > 0:
-            decay = float(np.clip((pa[-1] / pa[0]) ** (1 / (len(pa) - 1)), 0.5, 1.0))
+        decay = _measured_decay(pa, decay)
         measured_head = (acc.drafter or "").split("_")[-1] if acc.drafter else head
         if measured_head != head and head == "none":
             decay = min(decay, DECAY["none"])
-        return AcceptanceModel(first, decay, kappa, f"measured: {acc.source or acc.drafter or 'profile accept.*'}")
+        return AcceptanceModel(pa[0], decay, kappa, f"measured: {acc.source or acc.drafter or 'profile accept.*'}")
     if acc.tau and acc.gamma:
         return AcceptanceModel(_solve_first(acc.tau, decay, acc.gamma), decay, kappa,
                                f"measured: tau {acc.tau} at gamma {acc.gamma}")
