@@ -54,12 +54,6 @@ class SpecSection(_Section):
     max_verify_tokens: int = Field(16, ge=1, le=16)  # cap on verified draft tokens per request and round
     fallback_acceptance: float = Field(0.0, ge=0.0, le=1.0)  # rolling acceptance floor for plain fallback
     adaptive_gamma: bool = False  # regulator moves each request's block within [1, block_size] by its acceptance
-    draft_layers: int = Field(2, ge=1, le=8)  # transformer layers in the parallel draft backbone
-    markov_rank: int = Field(256, ge=16, le=1024)  # rank r of the Markov head's bigram bias
-    draft_kv_dtype: Literal["auto", "bf16", "fp8"] = "auto"  # dtype of the drafter's context KV
-    draft_window: int = Field(0, ge=0, le=1048576)  # sliding window of the drafter's target context (0 = all)
-    sts_calibration: bool = True  # apply per-position STS temperatures to confidences before scheduling
-    disable_batch_size: int = Field(0, ge=0, le=4096)  # running requests above which speculation is off (0 = never)
     align_verify_to_graph: bool = False  # pad verify lengths up to the CUDA-graph token bucket
     sps_path: str | None = None  # SGLang SpsCostTable JSON (prefix scheduler); None = profile at start
     sts_path: str | None = None  # SGLang DSparkStsCalibration JSON (confidence temperatures)
@@ -73,7 +67,6 @@ class BatchSection(_Section):
     timeout_ms: float = Field(0.0, ge=0.0, le=1000.0)  # how long the batcher waits to fill a batch
     chunked_prefill: int = Field(0, ge=0, le=65536)  # prefill chunk size in tokens (0 = off)
     cuda_graph_max_bs: int = Field(0, ge=0, le=1024)  # largest batch captured in a CUDA graph (0 = none)
-    schedule_conservativeness: float = Field(1.0, ge=0.0, le=2.0)  # KV admission caution (lower = aggressive)
 
 
 class MemorySection(_Section):
@@ -81,7 +74,6 @@ class MemorySection(_Section):
 
     fraction_static: float = Field(0.85, ge=0.3, le=0.98)  # fraction of GPU memory for weights + KV pool
     page_size: int = Field(1, ge=1, le=256)  # KV-cache page size in tokens
-    hierarchical_cache: bool = False  # spill evicted KV pages to host memory instead of recomputing
 
 
 class KVSection(_Section):
@@ -107,15 +99,8 @@ class ParallelSection(_Section):
 
     tp: int = Field(1, ge=1, le=64)  # tensor-parallel size
     ep: int = Field(1, ge=1, le=64)  # expert-parallel size (MoE)
-    dp: int = Field(1, ge=1, le=64)  # data-parallel replicas
-    pp: int = Field(1, ge=1, le=64)  # pipeline-parallel stages
+    dp: int = Field(1, ge=0, le=64)  # data-parallel replicas (0 = hw.count // tp, as many as the devices hold)
     dp_attention: bool = False  # data-parallel attention beside TP/EP MLP (MoE, MLA)
-
-
-class MoESection(_Section):
-    """Mixture-of-experts serving (`moe.*`); not run by the bundled engine, exported for serving stacks."""
-
-    a2a_backend: Literal["none", "deepep", "flashinfer", "mooncake"] = "none"  # all-to-all dispatch backend
 
 
 class EngineConfig(_Section):
@@ -132,10 +117,8 @@ class EngineConfig(_Section):
     weights: WeightsSection = Field(default_factory=WeightsSection)  # weights (weights.*)
     attention: AttentionSection = Field(default_factory=AttentionSection)  # attention (attention.*)
     parallel: ParallelSection = Field(default_factory=ParallelSection)  # parallelism (parallel.*)
-    moe: MoESection = Field(default_factory=MoESection)  # mixture of experts (moe.*)
     kernel: dict[str, dict[str, int]] = Field(default_factory=dict)  # kernel.<name>.<knob> Triton configs
     kernel_file: str | None = None  # kernels.json of tune-kernels winners (relative to dspark.yaml)
-    fusion: dict[str, bool] = Field(default_factory=dict)  # fusion.<pattern>: fuse this operator pattern
     sampling: SamplingParams = Field(default_factory=SamplingParams)  # default sampling of `generate`
 
 
@@ -173,13 +156,24 @@ def committed_assets(model_path: str) -> Path | None:
     return MODEL_ASSETS / name if name is not None else None
 
 
+def has_param(name: str) -> bool:
+    """Whether dotted parameter `name` is a field of the engine's config (kernel.* knobs always are); the others
+    are read by the simulator or the serving stacks' launch scripts only (kb/catalog/params.yaml `readers`)."""
+    section, _, key = name.partition(".")
+    if section == "kernel":
+        return True
+    field = EngineConfig.model_fields.get(section)
+    sub = field.annotation if field is not None else None
+    return isinstance(sub, type) and issubclass(sub, BaseModel) and key in sub.model_fields
+
+
 def apply_params(config: EngineConfig, params: dict[str, Any]) -> EngineConfig:
     """A copy of `config` with dotted parameters set, e.g. `{"spec.block_size": 7, "kernel.k.BLOCK": 64}`."""
     data = config.model_dump()
     for name, value in params.items():
         parts = name.split(".")
         node = data
-        free = parts[0] in ("kernel", "fusion")  # open-ended maps: create nested keys on demand
+        free = parts[0] == "kernel"  # open-ended maps: create nested keys on demand
         for part in parts[:-1]:
             if free:
                 node = node.setdefault(part, {})

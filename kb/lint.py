@@ -1,4 +1,5 @@
-"""`rules lint`: load errors, rules that can never fire, contradictory rules that can fire together.
+"""`rules lint`: load errors, rules that can never fire, contradictory rules that can fire together, rules on
+parameters nothing reads.
 
 Satisfiability is decided on a disjunctive normal form of each condition, per field: the allowed
 values (eq / in, narrowed by the field's Literal domain), excluded values, numeric bounds and
@@ -18,6 +19,7 @@ from kb.errors import PlanConflict
 from kb.fields import lookup_field
 from kb.loader import LoadedRule, load_all
 from kb.match import Plan, _Contrib, _resolve
+from kb.params import param_spec
 from kb.rules import All, AnyOf, Leaf, Not, Rule
 
 MAX_TERMS = 256
@@ -26,7 +28,7 @@ Literal_ = tuple[Leaf, bool]  # (leaf, negated)
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str  # error | never_fires | contradiction
+    kind: str  # error | never_fires | contradiction | inert | unsearchable
     message: str  # one line, with file:line and rule id
     rules: tuple[str, ...] = ()
 
@@ -174,11 +176,31 @@ def _contradiction(a: Rule, b: Rule) -> str | None:
     return None
 
 
+def _param_findings(lr: LoadedRule) -> list[Finding]:
+    """A rule on a parameter nothing reads (inert), or a range on one only an exporter reads (it cannot be
+    searched, so the value it would export is arbitrary)."""
+    out = []
+    for a in lr.rule.then:
+        spec = param_spec(a.param) if a.param else None
+        if spec is None:
+            continue
+        if not spec.readers:
+            out.append(Finding("inert", f"{lr.file}:{lr.line} (rule {lr.id}): {a.param} is read by no engine, "
+                               "simulator or exporter (kb/catalog/params.yaml readers); wire it or drop the action",
+                               (lr.id,)))
+        elif a.range_ is not None and not spec.searchable and a.prefer is None:
+            out.append(Finding("unsearchable", f"{lr.file}:{lr.line} (rule {lr.id}): a range on {a.param}, which "
+                               f"only {', '.join(spec.readers)} read(s), is never searched; set a value or prefer one",
+                               (lr.id,)))
+    return out
+
+
 def lint_rules(directory: Path) -> tuple[list[LoadedRule], list[Finding]]:
     """Every problem of a rules folder; an empty list of findings means clean."""
     rules, errors = load_all(directory)
     findings = [Finding("error", str(e), (e.rule_id,) if e.rule_id else ()) for e in errors]
     for lr in rules:
+        findings += _param_findings(lr)
         if not satisfiable(lr.rule.when):
             findings.append(Finding("never_fires", f"{lr.file}:{lr.line} (rule {lr.id}): its condition can "
                                     "never hold for any profile; fix the condition", (lr.id,)))

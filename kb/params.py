@@ -10,6 +10,9 @@ from typing import Any
 import yaml
 
 PARAMS_FILE = Path(__file__).parent / "catalog" / "params.yaml"
+EVALUATORS = ("engine", "simulator")  # readers whose output a search sees
+EXPORTERS = ("sglang", "vllm")  # readers that only write the launch scripts
+READERS = EVALUATORS + EXPORTERS
 
 
 @dataclass(frozen=True)
@@ -18,6 +21,14 @@ class ParamSpec:
     type: str  # int | float | bool | cat
     domain: tuple[Any, ...] | None  # (low, high) for numbers, the choices for cat, None if open
     doc: str  # one line on what it controls
+    readers: tuple[str, ...] = ()  # what reads it: engine, simulator, sglang, vllm (none = inert)
+    design: bool = False  # a drafter checkpoint's property: modelled to advise a drafter, never exported
+    default: Any = None  # its value when neither planned nor in the engine's config (design parameters)
+
+    @property
+    def searchable(self) -> bool:
+        """An evaluator reads it, so a search can see what its value does."""
+        return any(r in EVALUATORS for r in self.readers)
 
     def admits(self, value: Any) -> bool:
         """Whether ``value`` has this parameter's type and lies in its domain."""
@@ -35,11 +46,17 @@ class ParamSpec:
 @cache
 def _registry() -> tuple[dict[str, ParamSpec], tuple[ParamSpec, ...]]:
     data = yaml.safe_load(PARAMS_FILE.read_text())
-    named = {
-        name: ParamSpec(name, d["type"], tuple(d["domain"]) if "domain" in d else None, d.get("doc", ""))
-        for name, d in data["params"].items()
-    }
-    patterns = tuple(ParamSpec(p["prefix"], p["type"], None, p.get("doc", "")) for p in data["patterns"])
+
+    def spec(name: str, d: dict[str, Any]) -> ParamSpec:
+        readers = tuple(d.get("readers", ()))
+        unknown = set(readers) - set(READERS)
+        if unknown:
+            raise ValueError(f"{PARAMS_FILE}: {name} names unknown readers {sorted(unknown)}; use {', '.join(READERS)}")
+        return ParamSpec(name, d["type"], tuple(d["domain"]) if "domain" in d else None, d.get("doc", ""), readers,
+                         bool(d.get("design", False)), d.get("default"))
+
+    named = {name: spec(name, d) for name, d in data["params"].items()}
+    patterns = tuple(spec(p["prefix"], p) for p in data["patterns"])
     return named, patterns
 
 
@@ -55,5 +72,5 @@ def param_spec(name: str) -> ParamSpec | None:
     for p in patterns:
         rest = name[len(p.name):] if name.startswith(p.name) else ""
         if rest and all(part for part in rest.split(".")):
-            return ParamSpec(name, p.type, None, p.doc)
+            return ParamSpec(name, p.type, None, p.doc, p.readers, p.design, p.default)
     return None

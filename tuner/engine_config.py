@@ -45,9 +45,10 @@ def tuned_engine_config(profile: Profile, params: dict[str, Any], drafter_path: 
     """The EngineConfig of a tuned parameter set: every engine parameter as tuned, the profile's model (or
     `model_path`, the checkpoint a measurement ran), a KV length that holds the workload, DSpark with
     `drafter_path` (None: the engine's own drafter for the tuned head, the tiny target's) when speculation is on."""
-    from dspark_core.config import EngineConfig, apply_params
+    from dspark_core.config import EngineConfig, apply_params, has_param
 
-    cfg = apply_params(EngineConfig(), params)
+    # the drafter design (a checkpoint's property) and the serving stacks' own switches are not engine fields
+    cfg = apply_params(EngineConfig(), {k: v for k, v in params.items() if has_param(k)})
     cfg.model.path = model_path or model_ref(profile)
     cfg.model.max_seq_len = max_seq_len(profile, int(params.get("spec.block_size", cfg.spec.block_size)))
     cfg.drafter.method = "dspark" if cfg.spec.enabled else "plain"

@@ -16,15 +16,17 @@ MAX_GRID = 64  # an int range with excluded values becomes categorical up to thi
 
 
 def engine_defaults() -> dict[str, Any]:
-    """Every tunable parameter at the bundled engine's default, by dotted name."""
+    """Every tunable parameter at the bundled engine's default (or its params.yaml default), by dotted name."""
     from dspark_core.config import EngineConfig
 
     cfg = EngineConfig().model_dump(mode="json")
     out: dict[str, Any] = {}
-    for name in all_params():
+    for name, spec in all_params().items():
         section, _, key = name.partition(".")
         if isinstance(cfg.get(section), dict) and key in cfg[section]:
             out[name] = cfg[section][key]
+        elif spec.default is not None:  # a drafter-design parameter: not an engine field, a modelled default
+            out[name] = spec.default
     return out
 
 

@@ -32,6 +32,14 @@ VLLM_ATTENTION = {"triton": "TRITON_ATTN", "flashinfer": "FLASHINFER", "fa3": "F
 # is the confidence-budget planner (lagged budget + top-K, our async_topk; the closest to prefix), `static`
 # verifies the whole block. SGLang has no static-threshold scheduler.
 SGLANG_VERIFY_MODE = {"verify_all": "static", "threshold": "static", "prefix": "compact", "async_topk": "compact"}
+# fusion.* -> vLLM 0.33 compilation_config.pass_config fields (vllm/config/compilation.py PassConfig)
+VLLM_PASSES = {"fusion.norm_quant": "fuse_norm_quant", "fusion.act_quant": "fuse_act_quant",
+               "fusion.attn_quant": "fuse_attn_quant", "fusion.allreduce_rmsnorm": "fuse_allreduce_rms",
+               "fusion.qk_norm_rope": "enable_qk_norm_rope_fusion", "fusion.rope_kvcache": "fuse_rope_kvcache",
+               "fusion.rope_kvcache_mla": "fuse_rope_kvcache_cat_mla",
+               "fusion.mla_dual_rmsnorm": "fuse_mla_dual_rms_norm"}
+SGLANG_DRAFT_KV = {"auto": None, "bf16": "bf16", "fp8": "fp8_e4m3"}  # --speculative-draft-kv-cache-dtype
+GPUS_PER_NODE = 8  # a TP group wider than this spans nodes (SGLang --nnodes)
 VLLM_HEADS = ("none", "markov")  # vLLM 0.33's Qwen3DSparkModel implements the vanilla Markov head only
 VLLM_ACTIVATION_FACTOR = 2  # bf16 bytes per activation element in vLLM's profiling run
 
@@ -58,9 +66,15 @@ def draft_ref(profile: Profile, bundled: bool) -> str | None:
     return profile.drafter.id or None
 
 
+def replicas(profile: Profile, p: dict[str, Any]) -> int:
+    """Data-parallel replicas: parallel.dp, where 0 means every replica of the tuned TP the devices hold."""
+    dp, tp = int(p.get("parallel.dp", 1)), int(p["parallel.tp"])
+    return max(1, (profile.hw.count or tp) // tp) if dp == 0 else dp
+
+
 def _common(profile: Profile, p: dict[str, Any], bundled: bool, max_seq_len: int) -> dict[str, Any]:
     draft = draft_ref(profile, bundled)
-    return {"model_path": model_ref(profile), "tp": int(p["parallel.tp"]), "dp": int(p["parallel.dp"]),
+    return {"model_path": model_ref(profile), "tp": int(p["parallel.tp"]), "dp": replicas(profile, p),
             "ep": int(p["parallel.ep"]), "mem_fraction": float(p["memory.fraction_static"]),
             "max_requests": int(p["batch.max_requests"]), "max_tokens": int(p["batch.max_tokens"]),
             "page_size": int(p.get("memory.page_size") or 1), "max_seq_len": max_seq_len,
@@ -75,7 +89,8 @@ def sglang_context(profile: Profile, p: dict[str, Any], bundled: bool = False, m
                    ) -> dict[str, Any]:
     mode = SGLANG_VERIFY_MODE[p["spec.scheduler"]]
     quant = SGLANG_QUANT.get(p["weights.dtype"])
-    dp_attention = bool(p.get("parallel.dp_attention")) and int(p["parallel.dp"]) > 1
+    tp = int(p["parallel.tp"])
+    dp_attention = bool(p.get("parallel.dp_attention")) and tp > 1  # one attention replica per TP rank
     return {**_common(profile, p, bundled, max_seq_len), "chunked_prefill": int(p.get("batch.chunked_prefill") or 0),
             "cuda_graph_max_bs": int(p.get("batch.cuda_graph_max_bs") or 0), "quantization": quant,
             # the draft inherits --quantization unless told otherwise; our drafters ship in bf16
@@ -85,8 +100,29 @@ def sglang_context(profile: Profile, p: dict[str, Any], bundled: bool = False, m
             "verify_mode": mode, "ragged": mode != "static",
             "scheduler_note": _scheduler_note(p["spec.scheduler"]),
             "align_to_graph": bool(p.get("spec.align_verify_to_graph", False)) and mode == "compact",
-            "attn_dp_size": int(p["parallel.dp"]) if dp_attention else 0,
+            "attn_dp_size": tp if dp_attention else 0,
+            "nnodes": -(-tp // GPUS_PER_NODE), "gpus_per_node": GPUS_PER_NODE,
+            "draft_kv_dtype": SGLANG_DRAFT_KV.get(str(p.get("spec.draft_kv_dtype", "auto"))),
+            "schedule_conservativeness": p.get("batch.schedule_conservativeness"),
+            "fusion_flags": _sglang_fusion_flags(profile, p),
             "sglang_source": _source("releases.yaml")}
+
+
+def _sglang_fusion_flags(profile: Profile, p: dict[str, Any]) -> list[str]:
+    """SGLang's spellings of the planned fusions (sglang 0.5.23 arg_groups/fields/exec_.py); a fusion the plan does
+    not mention keeps SGLang's default."""
+    flags = []
+    allreduce = p.get("fusion.allreduce_rmsnorm")
+    if allreduce is not None and int(p["parallel.tp"]) > 1:
+        if profile.hw.arch == "cdna3":
+            flags += ["--enable-aiter-allreduce-fusion"] if allreduce else []
+        else:
+            flags += ["--flashinfer-allreduce-fusion-backend", "auto"] if allreduce else \
+                ["--enforce-disable-flashinfer-allreduce-fusion"]
+    qk = p.get("fusion.qk_norm_rope")
+    if qk is not None:
+        flags.append("--enable-fused-qk-norm-rope" if qk else "--no-enable-fused-qk-norm-rope")
+    return flags
 
 
 def _scheduler_note(name: str) -> str:
@@ -119,12 +155,14 @@ def vllm_context(profile: Profile, p: dict[str, Any], bundled: bool = False, max
                  ) -> dict[str, Any]:
     ctx = _common(profile, p, bundled, max_seq_len)
     draft = draft_ref(profile, bundled)  # None: vllm.sh puts DRAFT_MODEL_PATH in, or refuses to start
+    passes = {field: bool(p[name]) for name, field in VLLM_PASSES.items() if p.get(name) is not None}
     spec = {"method": "dspark", **({"model": draft} if draft else {}), "num_speculative_tokens": ctx["block_size"],
             "enable_adaptive_verification": p["spec.scheduler"] != "verify_all"}
     return {**ctx, "quantization": VLLM_QUANT.get(p["weights.dtype"]),
             "attention_backend": VLLM_ATTENTION.get(p["attention.backend"]),
             "gpu_memory_utilization": vllm_memory_utilization(profile, p),
             "vllm_head_ok": p["spec.head"] in VLLM_HEADS,
+            "compilation_config": json.dumps({"pass_config": passes}, sort_keys=True) if passes else None,
             "speculative_config_json": json.dumps(spec, indent=2), "vllm_source": _source("releases.yaml")}
 
 

@@ -47,7 +47,8 @@ def test_simulated_bundle_names_the_model_and_its_published_drafter(simulated):
     assert cfg.model.max_seq_len >= 4096 + 1024 + p["spec.block_size"]  # the chat preset's p99 prompt + output
     assert cfg.weights.dtype == p["weights.dtype"] and cfg.kv.dtype == p["kv.dtype"]
     assert cfg.spec.block_size == p["spec.block_size"] <= 7 and cfg.spec.head == "markov"  # the drafter's
-    assert cfg.spec.draft_layers == 5 and cfg.batch.max_requests == p["batch.max_requests"]
+    assert p["spec.draft_layers"] == 5 and cfg.batch.max_requests == p["batch.max_requests"]  # the checkpoint's
+    assert "draft_layers" not in cfg.spec.model_dump() and "markov_rank" not in cfg.spec.model_dump()  # not flags
     assert cfg.memory.page_size == p["memory.page_size"] and cfg.parallel.tp == p["parallel.tp"]
 
 

@@ -1,0 +1,231 @@
+"""Which parallel layouts can run: TP, EP and the weight dtype narrowed to the values that fit, after the rules.
+
+The rules say what is worth trying; this says what can run at all, from the profile's own memory and divisibility
+facts, so that no point of the plan's space fails to start. A TP size t runs weights in dtype d when
+- t x DP <= the devices (hw.count; a profile without one is planned for one 8-GPU node), t is a power of two
+  (both engines' all-reduce and expert layouts assume one), the query heads divide over t, and the KV heads divide
+  over t or are replicated (t a multiple of them, as vLLM's QKVParallelLinear and SGLang do);
+- the weights in d over t GPUs plus the KV cache of the workload's longest request (its longest prompt and
+  output, see `longest_request`) fit in the static memory fraction of each GPU (the low end of the plan's
+  memory.fraction_static: the simulator admits no request whose KV does not fit).
+Weights shrink per GPU as t grows, so every d that fits at t fits at any larger t: the plan keeps the smallest TP
+m at which some allowed dtype fits, the dtypes that fit at m, and the TP sizes >= m. Every (TP, dtype) pair of
+that product runs. Expert parallelism (MoE) is fixed at the largest admitted size that divides the experts and the
+smallest TP (SGLang runs MoE-TP = TP / EP; vLLM's EP is the TP x DP group), so it divides every TP of the plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from kb.errors import PlanConflict
+from kb.match import FixedEntry, Plan, SpaceEntry
+from kb.params import param_spec
+from profiler.schema import Profile
+
+NODE = 8  # GPUs assumed when the profile has no device count
+TP_SIZES = (1, 2, 4, 8, 16, 32, 64)
+Z_LONGEST = 3.09  # the longest request the simulator draws: p99.9 of its lognormal lengths (z = 3.09, p99 at 2.326)
+DEFAULT_FRACTION = 0.85  # the engine's memory.fraction_static when no rule plans it
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What one (dtype, TP) costs per GPU against what a GPU holds."""
+
+    weights_gb: float
+    kv_gb: float
+    usable_gb: float
+
+    @property
+    def ok(self) -> bool:
+        return self.weights_gb + self.kv_gb <= self.usable_gb
+
+
+def _values(plan: Plan, param: str) -> list[Any] | None:
+    """The values the plan allows for `param` (None: it does not mention it)."""
+    if param in plan.fixed:
+        return [plan.fixed[param].value]
+    e = plan.space.get(param)
+    if e is None:
+        return None
+    if e.choices is not None:
+        return [v for v in e.choices if v not in e.exclude]
+    return [v for v in TP_SIZES if e.low <= v <= e.high and v not in e.exclude]
+
+
+def _tail(median: float | None, p99: float | None) -> float:
+    """Length at p99.9 of a lognormal with this median and p99 (the simulator's request lengths)."""
+    if not median:
+        return float(p99 or 0.0)
+    p99 = max(p99 or median, median)
+    return median * (p99 / median) ** (Z_LONGEST / 2.326)
+
+
+def longest_request(profile: Profile) -> float:
+    """Tokens of the longest request the workload sends (prompt + output at p99.9), capped at the context."""
+    w = profile.workload
+    pm = (w.prompt_len.p50 or w.prompt_len.mean) if w.prompt_len else None
+    om = (w.output_len.p50 or w.output_len.mean) if w.output_len else None
+    prompt = _tail(pm or 512, (w.prompt_len.p99 if w.prompt_len else None) or (pm or 512) * 3)
+    out = _tail(om or 256, (w.output_len.p99 if w.output_len else None) or (om or 256) * 3)
+    total = min(prompt, profile.model.max_context or math.inf) + min(out, 8192)
+    return float(total)
+
+
+def weight_gb(profile: Profile, dtype: str) -> float | None:
+    """The model's weights in `dtype` (profile model.weight_bytes; auto = the checkpoint's own dtype)."""
+    wb = profile.model.weight_bytes
+    if wb is None:
+        return None
+    if dtype == "auto":
+        dtype = "fp8" if "fp8" in (profile.model.dtype or "").lower() or "float8" in (profile.model.dtype or "") \
+            else "bf16"
+    key = {"fp16": "bf16", "fp32": "bf16", "nvfp4": "int4", "int8": "int8"}.get(dtype, dtype)
+    value = getattr(wb, key, None) or (wb.fp8 if key == "int8" else None)
+    if value is None:
+        return None
+    return value * (2.0 if dtype == "fp32" else 1.0) / GB
+
+
+def fit(profile: Profile, dtype: str, tp: int, fraction: float) -> Fit | None:
+    """Per-GPU memory of `dtype` weights at TP `tp` with the longest request's bf16 KV (None: facts missing)."""
+    m, hw = profile.model, profile.hw
+    w = weight_gb(profile, dtype)
+    kv_tok = m.kv_bytes_per_token.bf16 if m.kv_bytes_per_token else None
+    if w is None or kv_tok is None or not hw.memory_gb:
+        return None
+    kv_heads = m.num_kv_heads or tp
+    # MLA's latent KV is whole on every rank; GQA shards over the KV heads and copies them beyond that
+    shards = 1 if m.attention == "mla" else min(tp, kv_heads)
+    return Fit(w / tp, longest_request(profile) * kv_tok / max(1, shards) / GB, hw.memory_gb * fraction)
+
+
+def tp_candidates(profile: Profile, dp: int) -> list[int]:
+    """TP sizes the devices and the head layout allow."""
+    if profile.hw.arch == "cpu":
+        return [1]
+    count = profile.hw.count or NODE
+    m = profile.model
+    out = []
+    for t in TP_SIZES:
+        if t * max(1, dp) > count:
+            break
+        if m.num_heads and m.num_heads % t:
+            continue
+        kv = m.num_kv_heads
+        if kv and m.attention != "mla" and kv % t and t % kv:
+            continue
+        out.append(t)
+    return out
+
+
+def _fraction(plan: Plan) -> float:
+    if "memory.fraction_static" in plan.fixed:
+        return float(plan.fixed["memory.fraction_static"].value)
+    e = plan.space.get("memory.fraction_static")
+    if e is None:
+        return DEFAULT_FRACTION
+    return float(e.low if e.low is not None else min(e.choices or [DEFAULT_FRACTION]))
+
+
+def _set(plan: Plan, param: str, values: list[Any], why: str) -> None:
+    """Write a narrowed parameter back as fixed (one value) or a choice list."""
+    rules = (plan.fixed[param].rules if param in plan.fixed else plan.space[param].rules if param in plan.space
+             else [])
+    rules = [*rules, "feasibility"]
+    plan.space.pop(param, None)
+    plan.fixed.pop(param, None)
+    if len(values) == 1:
+        plan.fixed[param] = FixedEntry(value=values[0], rules=rules, why=why)
+        return
+    spec = param_spec(param)
+    plan.space[param] = SpaceEntry(kind="choices", choices=values, type=spec.type if spec else "int", rules=rules,
+                                   why=why)
+    if param in plan.prefer and plan.prefer[param].value not in values:
+        plan.prefer.pop(param)
+
+
+def apply_feasibility(plan: Plan, profile: Profile) -> Plan:
+    """Narrow parallel.tp, weights.dtype and parallel.ep to what runs; PlanConflict when nothing does."""
+    if profile.hw.arch is None and profile.hw.memory_gb is None:
+        return plan  # a profile without hardware: nothing to fit against
+    dp_vals = _values(plan, "parallel.dp") or [1]
+    dp = int(max(dp_vals)) if 0 not in dp_vals else 1
+    cands = tp_candidates(profile, dp)
+    if not cands:
+        raise PlanConflict(f"parallel.tp: no tensor-parallel size divides {profile.model.num_heads} attention heads "
+                           f"and {profile.model.num_kv_heads} KV heads within {profile.hw.count or NODE} devices")
+    ruled = _values(plan, "parallel.tp")
+    tps = [t for t in cands if ruled is None or t in ruled]
+    if not tps:
+        plan.resolutions.append(f"parallel.tp: the rules' {ruled} leave no size the devices and heads allow "
+                                f"({cands}); feasibility keeps {cands}")
+        tps = cands
+    dtypes = _values(plan, "weights.dtype") or ["auto"]
+    frac = _fraction(plan)
+    fits = {(d, t): fit(profile, d, t, frac) for d in dtypes for t in tps}
+    if any(f is None for f in fits.values()):
+        if ruled is not None:
+            _set(plan, "parallel.tp", tps, f"TP sizes the devices and heads allow: {tps} (no memory facts to fit)")
+        return plan
+    ok = [(d, t) for (d, t), f in fits.items() if f.ok]  # type: ignore[union-attr]
+    if not ok and tps != cands:  # the rules' TP sizes run nothing; a size they left out may
+        wider = {(d, t): fit(profile, d, t, frac) for d in dtypes for t in cands}
+        if any(f.ok for f in wider.values()):  # type: ignore[union-attr]
+            plan.resolutions.append(f"parallel.tp: nothing runs at the rules' {tps}; feasibility widens to {cands}")
+            tps, fits = cands, wider
+            ok = [(d, t) for (d, t), f in fits.items() if f.ok]  # type: ignore[union-attr]
+    if not ok:
+        raise PlanConflict(_nothing_fits(profile, dtypes, tps, frac, fits))
+    m = min(t for _, t in ok)
+    keep_d = [d for d in dtypes if fits[(d, m)].ok]  # type: ignore[union-attr]
+    keep_t = [t for t in tps if t >= m]
+    dropped_d = [d for d in dtypes if d not in keep_d]
+    if dropped_d:
+        plan.resolutions.append(f"weights.dtype: {dropped_d} dropped: they need more than TP {m}, at which "
+                                f"{keep_d} already run (the plan keeps the smallest TP that runs)")
+    f = fits[(keep_d[0], m)]
+    why = (f"runs from TP {m}: {keep_d[0]} weights {f.weights_gb:.1f} GB + longest request's KV {f.kv_gb:.1f} GB "  # type: ignore[union-attr]
+           f"per GPU <= {profile.hw.memory_gb:g} GB x {frac:.2f}")
+    _set(plan, "parallel.tp", keep_t, why)
+    if param_spec("weights.dtype") and (dropped_d or "weights.dtype" in plan.space or "weights.dtype" in plan.fixed):
+        _set(plan, "weights.dtype", keep_d, f"the dtypes that fit at TP {m}")
+    _expert_parallel(plan, profile, keep_t, dp)
+    return plan
+
+
+def _expert_parallel(plan: Plan, profile: Profile, tps: list[int], dp: int) -> None:
+    ruled = _values(plan, "parallel.ep")
+    if ruled is None:
+        return
+    experts = profile.model.num_experts or 0
+    smallest = min(tps)
+    ok = [e for e in ruled if e >= 1 and smallest % e == 0 and (not experts or experts % e == 0)]
+    if not ok:
+        need = min(e for e in ruled if e >= 1)
+        bigger = [t for t in tps if t % need == 0]
+        if not bigger:
+            raise PlanConflict(f"parallel.ep: the rules need EP >= {need} but no planned TP ({tps}) is a multiple of "
+                               "it (SGLang runs MoE-TP = TP / EP)")
+        _set(plan, "parallel.tp", bigger, f"TP sizes that hold EP {need}: {bigger}")
+        tps, ok = bigger, [need]
+    ep = max(ok)
+    _set(plan, "parallel.ep", [ep], f"EP {ep}: the largest admitted size dividing the experts and TP {min(tps)} "
+         f"(EP <= TP x DP = {min(tps) * max(1, dp)})")
+
+
+def _nothing_fits(profile: Profile, dtypes: list[str], tps: list[int], frac: float, fits: dict) -> str:
+    """One line naming the limiting fact."""
+    t = max(tps)
+    best = min(dtypes, key=lambda d: fits[(d, t)].weights_gb)
+    f = fits[(best, t)]
+    four_bit = any(d in ("int4", "nvfp4") for d in dtypes)
+    fixes = "add devices (--gpus N)" + ("" if four_bit else ", allow 4-bit weights (--quality relaxed)")
+    return (f"no parallel layout runs {profile.model.name or 'the model'} on {profile.hw.count or NODE} x "
+            f"{profile.hw.name or 'GPU'}: even {best} weights at TP {t} take {f.weights_gb:.1f} GB + "
+            f"{f.kv_gb:.1f} GB KV for the longest request per GPU, over {profile.hw.memory_gb:g} GB x {frac:.2f} "
+            f"(memory.fraction_static); {fixes} or shorten the workload")
