@@ -91,7 +91,8 @@ class WeightsSection(_Section):
 class AttentionSection(_Section):
     """Attention kernels (`attention.*`)."""
 
-    backend: Literal["torch", "triton", "flashinfer", "fa3", "fa4", "trtllm_mha", "aiter"] = "torch"  # impl
+    backend: Literal["torch", "triton", "flashinfer", "fa3", "fa4", "trtllm_mha", "trtllm_mla", "flashmla",
+                     "aiter"] = "torch"  # attention kernel implementation
 
 
 class ParallelSection(_Section):

@@ -199,6 +199,7 @@ def match_profile(rules: list[StoredRule], profile: Profile) -> Plan:
     return apply_feasibility(plan, profile)
 
 
+FEASIBILITY_PARAMS = ("parallel.ep",)  # exporter-only, but fixed by kb/feasible.py from what the TP sizes allow
 CHECKPOINT_PRIORITY = 10_000  # above any rule's priority: no rule can change the checkpoint that is deployed
 
 
@@ -262,7 +263,7 @@ def _resolve(param: str, contribs: list[_Contrib], plan: Plan) -> None:
 
     rule_ids = [c.rule_id for c in constraints]
     spec = param_spec(param)
-    if spec is not None and not spec.searchable and (constraints or prefers):
+    if spec is not None and not spec.searchable and (constraints or prefers) and param not in FEASIBILITY_PARAMS:
         _fix_unsearched(param, space, prefers, rule_ids, plan)
         return
     if constraints:

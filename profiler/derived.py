@@ -56,6 +56,12 @@ def ridge_batch(spec: ArchSpec, peak: float, bw: float, limit: float = 1 << 20) 
     return round(hi, 1)
 
 
+def verify_budget(ridge: float, batch: int) -> float:
+    """Draft tokens per request a decode step of `batch` requests can verify while weight streaming still bounds
+    it: the ridge's tokens shared by the requests, less each request's own decode token (>= 0)."""
+    return round(max(0.0, ridge / max(1, batch) - 1.0), 1)
+
+
 def min_tp(need_bytes: float, memory_gb: float) -> int | None:
     usable = memory_gb * 1e9 * MEMORY_UTILIZATION
     return next((tp for tp in TP_SIZES if need_bytes / tp <= usable), None)
@@ -88,6 +94,8 @@ def derive(spec: ArchSpec, hw: HwProfile | None, wl: WorkloadProfile) -> Derived
         d.decode_bound = "compute" if t_compute > t_memory else "memory"
         d.ridge_intensity = round(peak / bw, 1)
         d.ridge_batch = ridge_batch(spec, peak, bw)
+        if d.ridge_batch:
+            d.verify_budget = verify_budget(d.ridge_batch, batch)
         tp = d.min_tp_bf16 or 1  # ideal TP split: FLOPs and bytes both divide over the ranks
         d.decode_step_ms = round(max(t_compute, t_memory) / tp * 1e3, 3)
     return d

@@ -93,9 +93,9 @@ class SimulateEvaluator(Evaluator):
         from tuner.acceptance import acceptance_for
         from tuner.simulate import simulate
 
-        fp8_weights = params.get("weights.dtype") in ("fp8",) or str(params.get("kv.dtype", "")).startswith("fp8")
-        if fp8_weights and self.profile.hw.fp8 is False:
-            return Evaluation({}, False, f"{self.hw.name} has no FP8 tensor cores")
+        # FP8 weights run weight-only (W8A16, vLLM's Marlin) without FP8 tensor cores; an FP8 KV cache is not modelled
+        if str(params.get("kv.dtype", "")).startswith("fp8") and self.profile.hw.fp8 is False:
+            return Evaluation({}, False, f"{self.hw.name} has no FP8 tensor cores for an FP8 KV cache")
         four_bit = params.get("weights.dtype") in FOUR_BIT
         if four_bit and self.profile.workload.quality != "relaxed":
             return Evaluation({}, False, f"{params['weights.dtype']} weights are below the workload's accuracy floor "

@@ -142,7 +142,8 @@ class PerfModel:
         bytes_ = (weight_read * DTYPE_BYTES.get(self.weights_dtype, 2.0)
                   + requests * context * self.kv_bytes_per_token()
                   + tokens * s.hidden * 2.0 * 4 * s.num_layers)
-        peak = self.hw.peak_flops[COMPUTE_PEAK.get(self.weights_dtype, "bf16")]
+        # a weight format without a peak of its own on this GPU runs weight-only (FP8 on Ampere: Marlin W8A16)
+        peak = self.hw.peak_flops.get(COMPUTE_PEAK.get(self.weights_dtype, "bf16")) or self.hw.peak_flops["bf16"]
         t_c = flops / tp / (peak * self.eff.compute)
         t_m = bytes_ / tp / (self.hw.bandwidth * self.eff.memory)
         comm = 0.0

@@ -25,9 +25,11 @@ SGLANG_QUANT = {"auto": None, "bf16": None, "fp16": None, "fp32": None, "fp8": "
 VLLM_QUANT = {"auto": None, "bf16": None, "fp16": None, "fp32": None, "fp8": "fp8", "int8": "compressed-tensors",
               "int4": "awq_marlin", "nvfp4": "modelopt_fp4"}
 SGLANG_ATTENTION = {"torch": "torch_native", "triton": "triton", "flashinfer": "flashinfer", "fa3": "fa3",
-                    "fa4": "fa4", "trtllm_mha": "trtllm_mha", "aiter": "aiter"}
+                    "fa4": "fa4", "trtllm_mha": "trtllm_mha", "trtllm_mla": "trtllm_mla", "flashmla": "flashmla",
+                    "aiter": "aiter"}
 VLLM_ATTENTION = {"triton": "TRITON_ATTN", "flashinfer": "FLASHINFER", "fa3": "FLASH_ATTN", "fa4": "FLASH_ATTN",
-                  "trtllm_mha": "FLASHINFER", "aiter": "ROCM_AITER_FA"}
+                  "trtllm_mha": "FLASHINFER", "trtllm_mla": "FLASHINFER_MLA", "flashmla": "FLASHMLA",
+                  "aiter": "ROCM_AITER_FA"}
 # SGLang picks the DSpark verify scheduler with SGLANG_RAGGED_VERIFY_MODE (speculative/ragged_verify.py): `compact`
 # is the confidence-budget planner (lagged budget + top-K, our async_topk; the closest to prefix), `static`
 # verifies the whole block. SGLang has no static-threshold scheduler.
