@@ -58,7 +58,7 @@ def sglang() -> dict:
 
 def vllm() -> dict:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    from vllm.config import speculative
+    from vllm.config import compilation, speculative
     from vllm.engine import arg_utils
     from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
@@ -75,7 +75,9 @@ def vllm() -> dict:
         from vllm.config.cache import CacheDType
 
         kv = list(typing.get_args(CacheDType))
+    passes = [f.name for f in dataclasses.fields(compilation.PassConfig) if f.init]
     return {"flags": flags, "deprecated": deprecated, "speculative_config_fields": fields,
+            "pass_config_fields": passes,
             "speculative_methods": methods,
             "choices": {"quantization": sorted(QUANTIZATION_METHODS), "kv_cache_dtype": kv,
                         "attention_backend": sorted(e.name for e in AttentionBackendEnum)},

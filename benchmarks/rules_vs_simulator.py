@@ -29,6 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kb.errors import PlanConflict  # noqa: E402
 from kb.loader import load_rules  # noqa: E402
 from kb.match import match_profile  # noqa: E402
 from kb.sync import StoredRule  # noqa: E402
@@ -107,7 +108,11 @@ def main() -> int:
     report: list[dict[str, Any]] = []
     for path in sorted(p for p in FIXTURES.glob("*.json") if args.only in p.stem):
         profile = Profile.model_validate(json.loads(path.read_text()))
-        plan = match_profile(rules, profile)
+        try:
+            plan = match_profile(rules, profile)
+        except PlanConflict as e:
+            print(f"{path.stem}: no plan ({e}); skipped")
+            continue
         if "spec.enabled" in plan.fixed and plan.fixed["spec.enabled"].value is False:
             print(f"{path.stem}: speculation is turned off by {', '.join(plan.fixed['spec.enabled'].rules)}; skipped")
             continue

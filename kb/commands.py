@@ -114,7 +114,8 @@ def rules_lint(rules: RulesOpt = None, as_json: JsonOpt = False) -> None:
 
 @rules_app.command("stats")
 def rules_stats(db: DbOpt = None, rules: RulesOpt = None, as_json: JsonOpt = False) -> None:
-    """Counts of rules by category, action kind and kind of source."""
+    """Counts of rules (not actions) by category, action kind, parameter and kind of source, and the share whose
+    conditions read roofline facts."""
     from kb.rules import Rule
     from kb.stats import rule_stats
 
@@ -123,8 +124,11 @@ def rules_stats(db: DbOpt = None, rules: RulesOpt = None, as_json: JsonOpt = Fal
     if as_json:
         print_json(stats)
         return
-    console.print(f"[bold]{stats['total']}[/] enabled rules")
-    for key in ("by_category", "by_action", "by_source"):
+    reads = stats["conditions_read"]
+    console.print(f"[bold]{stats['total']}[/] enabled rules; conditions read roofline facts in {reads['roofline']} "
+                  f"({stats['roofline_share']:.0%}), memory-fit facts in {reads['memory_fit']}, GPU identity "
+                  f"(name, arch, sm, vendor) in {reads['gpu_identity']}")
+    for key in ("by_category", "by_action", "by_param", "by_source"):
         table = Table(title=key.replace("_", " "))
         table.add_column("name")
         table.add_column("rules", justify="right")

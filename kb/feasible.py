@@ -123,13 +123,41 @@ def tp_candidates(profile: Profile, dp: int) -> list[int]:
     return out
 
 
-def _fraction(plan: Plan) -> float:
+def fraction_range(plan: Plan) -> tuple[float, float]:
+    """The plan's lowest and highest memory.fraction_static."""
     if "memory.fraction_static" in plan.fixed:
-        return float(plan.fixed["memory.fraction_static"].value)
+        v = float(plan.fixed["memory.fraction_static"].value)
+        return v, v
     e = plan.space.get("memory.fraction_static")
     if e is None:
-        return DEFAULT_FRACTION
-    return float(e.low if e.low is not None else min(e.choices or [DEFAULT_FRACTION]))
+        return DEFAULT_FRACTION, DEFAULT_FRACTION
+    if e.low is not None:
+        return float(e.low), float(e.high)
+    vals = [float(v) for v in e.choices or [DEFAULT_FRACTION]]
+    return min(vals), max(vals)
+
+
+def _fraction(plan: Plan, profile: Profile, dtypes: list[str], tps: list[int]) -> float:
+    """The static fraction every plan point runs at: the plan's lowest, raised (and the plan's range narrowed) when
+    only a higher fraction inside the range lets something run."""
+    lo, hi = fraction_range(plan)
+    e = plan.space.get("memory.fraction_static")
+    if lo == hi or e is None or e.low is None:
+        return lo
+    need = []
+    for d in dtypes:
+        for t in tps:
+            f = fit(profile, d, t, 1.0)
+            if f is not None:
+                need.append((f.weights_gb + f.kv_gb) / f.usable_gb)
+    least = min(need, default=lo)
+    if lo < least <= hi:
+        low = math.ceil(least * 1000) / 1000
+        plan.space["memory.fraction_static"] = e.model_copy(update={"low": low, "why": e.why + f"; from {low} so the "
+                                                                    "weights and the longest request fit"})
+        plan.resolutions.append(f"memory.fraction_static: raised to [{low}, {hi}]: below {low} nothing fits")
+        return low
+    return lo
 
 
 def _set(plan: Plan, param: str, values: list[Any], why: str) -> None:
@@ -166,7 +194,7 @@ def apply_feasibility(plan: Plan, profile: Profile) -> Plan:
                                 f"({cands}); feasibility keeps {cands}")
         tps = cands
     dtypes = _values(plan, "weights.dtype") or ["auto"]
-    frac = _fraction(plan)
+    frac = _fraction(plan, profile, dtypes, tps)
     fits = {(d, t): fit(profile, d, t, frac) for d in dtypes for t in tps}
     if any(f is None for f in fits.values()):
         if ruled is not None:
@@ -208,9 +236,11 @@ def _expert_parallel(plan: Plan, profile: Profile, tps: list[int], dp: int) -> N
     if not ok:
         need = min(e for e in ruled if e >= 1)
         bigger = [t for t in tps if t % need == 0]
-        if not bigger:
-            raise PlanConflict(f"parallel.ep: the rules need EP >= {need} but no planned TP ({tps}) is a multiple of "
-                               "it (SGLang runs MoE-TP = TP / EP)")
+        if not bigger:  # the TP the plan runs at cannot hold the rules' EP: experts stay TP-sharded
+            plan.resolutions.append(f"parallel.ep: the rules ask EP >= {need} but the planned TP {tps} cannot hold it "
+                                    "(SGLang runs MoE-TP = TP / EP); EP 1")
+            _set(plan, "parallel.ep", [1], f"EP 1: no planned TP ({tps}) is a multiple of the rules' EP {need}")
+            return
         _set(plan, "parallel.tp", bigger, f"TP sizes that hold EP {need}: {bigger}")
         tps, ok = bigger, [need]
     ep = max(ok)

@@ -171,8 +171,9 @@ class _Space:
         return f"range [{self.low}, {self.high}]{ex}"
 
 
-def match_profile(rules: list[StoredRule], profile: Profile) -> Plan:
-    """Fire the rules on the profile and resolve their actions into a plan."""
+def match_profile(rules: list[StoredRule], profile: Profile, feasible: bool = True) -> Plan:
+    """Fire the rules on the profile and resolve their actions into a plan; `feasible`: then narrow the parallel
+    layout and weight dtype to what runs (kb/feasible.py; off only to see what the rules alone say)."""
     flat = flatten(profile)
     plan = Plan()
     by_param: dict[str, list[_Contrib]] = {}
@@ -194,6 +195,8 @@ def match_profile(rules: list[StoredRule], profile: Profile) -> Plan:
                                 f"{profile.drafter.id} (profile drafter.*; a checkpoint outranks every rule)")
     for param in sorted(by_param):
         _resolve(param, by_param[param], plan)
+    if not feasible:
+        return plan
     from kb.feasible import apply_feasibility  # after the rules: what runs at all narrows what they planned
 
     return apply_feasibility(plan, profile)

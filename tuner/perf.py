@@ -15,6 +15,8 @@ from profiler.schema import Profile
 
 DTYPE_BYTES = {"auto": 2.0, "fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0,
                "int8": 1.0, "int4": 0.5, "nvfp4": 0.5}
+# which of the profile's weight_bytes figures a weight dtype occupies (fp32 is twice bf16)
+STORED_FORMAT = {"auto": "bf16", "fp32": "bf16", "fp16": "bf16", "nvfp4": "int4"}
 # which datasheet peak a weight dtype computes at (weight-only int4 dequantises to bf16)
 COMPUTE_PEAK = {"auto": "bf16", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "int8": "int8",
                 "int4": "bf16", "nvfp4": "fp4"}
@@ -50,6 +52,8 @@ class ModelShape:
     attn_width: int  # num_heads * head_dim (query side)
     kv_bytes_per_token_bf16: float  # over all layers
     vocab: int
+    stored_bytes: tuple[tuple[str, float], ...] = ()  # the profile's weight bytes per format (bf16, fp8, int8,
+    # int4: embeddings stay bf16, quantised layers carry their scales); empty: params x bytes per weight
 
     @staticmethod
     def from_profile(p: Profile) -> ModelShape:
@@ -64,8 +68,10 @@ class ModelShape:
         heads, hd = m.num_heads or 1, m.head_dim or (m.hidden_size // max(1, m.num_heads or 1))
         kv = (m.kv_bytes_per_token.bf16 if m.kv_bytes_per_token and m.kv_bytes_per_token.bf16 else
               2 * m.num_layers * (m.num_kv_heads or heads) * hd * 2)
+        stored = tuple((k, float(v)) for k, v in (m.weight_bytes.model_dump().items() if m.weight_bytes else ())
+                       if v)
         return ModelShape(m.params_active, m.params_total, m.num_layers, m.hidden_size, heads * hd, kv,
-                          m.vocab_size)
+                          m.vocab_size, stored)
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,11 @@ class PerfModel:
     cuda_graph_max_bs: int = 0  # forwards with at most this many tokens skip the per-layer launch cost
 
     def weight_bytes(self) -> float:
+        """Bytes the weights occupy: the profile's figure for the format when it has one (profiler/model.py)."""
+        key = STORED_FORMAT.get(self.weights_dtype, self.weights_dtype)
+        stored = dict(self.shape.stored_bytes).get(key)
+        if stored is not None:
+            return stored * (2.0 if self.weights_dtype == "fp32" else 1.0)
         return self.shape.params_total * DTYPE_BYTES.get(self.weights_dtype, 2.0)
 
     def kv_bytes_per_token(self) -> float:

@@ -24,6 +24,7 @@ from tuner.targets import (
     SGLANG_QUANT,
     SGLANG_VERIFY_MODE,
     VLLM_ATTENTION,
+    VLLM_PASSES,
     VLLM_QUANT,
     sglang_context,
     vllm_context,
@@ -49,10 +50,12 @@ def _variants():
     for sched, wd, kv, attn, tp, ep, extra in itertools.product(
             ["verify_all", "threshold", "prefix", "async_topk"], ["auto", "fp8", "int8", "int4", "nvfp4"],
             ["auto", "fp8_e4m3", "fp8_e5m2"], ["torch", "fa3", "flashinfer", "triton", "trtllm_mha", "aiter"],
-            [1, 4], [1, 2], [True, False]):
+            [1, 4, 16], [1, 2], [True, False]):
         yield {**base, "spec.scheduler": sched, "weights.dtype": wd, "kv.dtype": kv, "attention.backend": attn,
                "parallel.tp": tp, "parallel.ep": ep, "parallel.dp": tp, "batch.chunked_prefill": 4096 * extra,
-               "batch.cuda_graph_max_bs": 160 * extra, "spec.align_verify_to_graph": extra, "spec.enabled": extra}
+               "batch.cuda_graph_max_bs": 160 * extra, "spec.align_verify_to_graph": extra, "spec.enabled": extra,
+               "spec.draft_kv_dtype": "fp8" if extra else "bf16", "batch.schedule_conservativeness": 0.3,
+               "parallel.dp_attention": extra, **{name: extra for name in VLLM_PASSES}}
 
 
 def test_pins_are_the_releases():
@@ -70,9 +73,10 @@ def test_choice_mappings_are_pinned_values():
     assert set(VLLM_ATTENTION.values()) <= set(VL["choices"]["attention_backend"])
     assert "dspark" in VL["speculative_methods"]
     assert set(SGLANG_VERIFY_MODE.values()) <= set(SG["ragged_verify_modes"])
+    assert set(VLLM_PASSES.values()) <= set(VL["pass_config_fields"])  # vllm/config/compilation.py PassConfig
 
 
-@pytest.mark.parametrize("i", range(0, 1440, 97))
+@pytest.mark.parametrize("i", range(0, 2160, 97))
 def test_rendered_flags_exist(i):
     params = list(_variants())[i]
     env = _env()
@@ -83,6 +87,8 @@ def test_rendered_flags_exist(i):
     vs = env.get_template(VLLM_TEMPLATES[1]).render(**COMMON, **vctx)
     used = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]+", vs))
     assert used and used <= VLLM_FLAGS, used - VLLM_FLAGS
+    if vctx["compilation_config"]:
+        assert set(json.loads(vctx["compilation_config"])["pass_config"]) <= set(VL["pass_config_fields"])
     spec = json.loads(env.get_template(VLLM_TEMPLATES[0]).render(**COMMON, **vctx))
     assert set(spec) <= set(VL["speculative_config_fields"]) and spec["method"] == "dspark"
 

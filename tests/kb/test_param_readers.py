@@ -1,0 +1,102 @@
+"""Every reader kb/catalog/params.yaml names for a parameter really reads it: changing the value changes what that
+reader does. sglang / vllm: the rendered launch script; simulator: the simulated metrics; engine: the bundled
+engine's code reads the config field (a static check: the attribute is used outside dspark_core/config.py).
+A reader that is not listed is not checked here; `rules lint` fails a rule on a parameter with no reader."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kb.params import all_params
+from tests.tuner.fixtures import QWEN3_8B_H100
+from tuner.export import SGLANG_TEMPLATE, VLLM_TEMPLATES, _env
+from tuner.space import engine_defaults
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMON = {"study": "s", "trial_number": 0, "mode": "simulate", "hw_name": "H100-SXM", "model_name": "Qwen3-8B"}
+# a base where every reader is active: speculation on, a ragged scheduler, TP 2, a MoE-free dense model
+BASE = {"spec.scheduler": "prefix", "parallel.tp": 2, "spec.block_size": 5, "batch.max_requests": 8,
+        "batch.max_tokens": 4096}
+# parameter -> (value, other value) that the reader must tell apart (defaults otherwise)
+PAIRS: dict[str, tuple[Any, Any]] = {
+    "spec.enabled": (True, False), "spec.block_size": (5, 3), "spec.head": ("markov", "rnn"),
+    "spec.scheduler": ("prefix", "verify_all"), "spec.confidence_threshold": (0.1, 0.9),
+    "spec.max_verify_tokens": (16, 1), "spec.fallback_acceptance": (0.0, 0.9), "spec.adaptive_gamma": (False, True),
+    "spec.draft_layers": (1, 8), "spec.markov_rank": (16, 1024), "spec.draft_kv_dtype": ("auto", "fp8"),
+    "batch.max_requests": (8, 2), "batch.max_tokens": (4096, 256), "batch.timeout_ms": (0.0, 200.0),
+    "batch.chunked_prefill": (0, 256), "batch.cuda_graph_max_bs": (0, 64), "memory.fraction_static": (0.9, 0.21),
+    "kv.dtype": ("auto", "fp8_e4m3"), "weights.dtype": ("auto", "fp8"), "attention.backend": ("fa3", "flashinfer"),
+    "parallel.tp": (2, 1), "parallel.ep": (1, 2), "parallel.dp": (1, 2), "spec.align_verify_to_graph": (False, True),
+    "batch.schedule_conservativeness": (1.0, 0.3), "memory.page_size": (16, 64), "parallel.dp_attention": (False, True),
+    "fusion.norm_quant": (False, True), "fusion.act_quant": (False, True), "fusion.attn_quant": (False, True),
+    "fusion.allreduce_rmsnorm": (False, True), "fusion.qk_norm_rope": (False, True),
+    "fusion.rope_kvcache": (False, True), "fusion.rope_kvcache_mla": (False, True),
+    "fusion.mla_dual_rmsnorm": (False, True),
+}
+# scheduler-specific knobs are only read by the scheduler that uses them
+# (and the static fraction only once the KV pool, not the 16 clients, limits the running requests: at 0.21 of one
+# H100 Qwen3-8B's bf16 weights leave ~5k KV tokens)
+CONTEXT = {"spec.confidence_threshold": {"spec.scheduler": "threshold"},
+           "memory.fraction_static": {"parallel.tp": 1, "batch.max_requests": 16}}
+
+
+def _with(name: str, value: Any) -> dict[str, Any]:
+    return {**engine_defaults(), **BASE, **CONTEXT.get(name, {}), name: value}
+
+
+def _profile():
+    from profiler.schema import Profile
+
+    return Profile.model_validate(QWEN3_8B_H100)
+
+
+def _render(reader: str, params: dict[str, Any]) -> str:
+    from tuner.targets import sglang_context, vllm_context
+
+    env = _env()
+    if reader == "sglang":
+        return env.get_template(SGLANG_TEMPLATE).render(**COMMON, **sglang_context(_profile(), params))
+    ctx = vllm_context(_profile(), params)
+    return "".join(env.get_template(t).render(**COMMON, **ctx) for t in VLLM_TEMPLATES)
+
+
+@cache
+def _simulate(items: tuple[tuple[str, Any], ...]) -> tuple:
+    from tuner.objective import SimulateEvaluator
+
+    ev = SimulateEvaluator(_profile(), n_requests=24, repeats=1)
+    e = ev.evaluate(dict(items), seed=0)
+    return (e.feasible, e.why, tuple(sorted((k, round(v, 6)) for k, v in e.metrics.items())))
+
+
+@cache
+def _engine_sources() -> str:
+    return "\n".join(p.read_text() for p in (ROOT / "dspark_core").rglob("*.py") if p.name != "config.py")
+
+
+CASES = [(name, reader) for name, spec in sorted(all_params().items()) for reader in spec.readers]
+
+
+def test_every_parameter_has_a_pair_and_a_reader() -> None:
+    assert set(PAIRS) == set(all_params()), set(all_params()) ^ set(PAIRS)
+    assert all(spec.readers for spec in all_params().values())
+
+
+@pytest.mark.parametrize(("name", "reader"), CASES)
+def test_reader_reads_the_parameter(name: str, reader: str) -> None:
+    a, b = PAIRS[name]
+    if reader in ("sglang", "vllm"):
+        assert _render(reader, _with(name, a)) != _render(reader, _with(name, b)), f"{reader} ignores {name}"
+    elif reader == "simulator":
+        assert _simulate(tuple(sorted(_with(name, a).items()))) != _simulate(tuple(sorted(_with(name, b).items()))), \
+            f"the simulator ignores {name}"
+    else:
+        section, _, key = name.partition(".")
+        used = re.search(rf"\.{section}\.{key}\b|\bspec\.{key}\b" if section == "spec" else rf"\.{section}\.{key}\b",
+                         _engine_sources())
+        assert used, f"no engine code reads config.{section}.{key}"
