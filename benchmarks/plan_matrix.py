@@ -1,7 +1,7 @@
 """Every plan over the catalogues: models x GPUs x device counts, checked point by point against what can run.
 
-For each catalogue model, catalogue GPU (the CPU row aside: `tune --gpu cpu` measures instead) and device count in {unstated, 1, 2, 8, 16} the profile is built (chat
-workload) and matched into a plan. Every point of the plan's (parallel.tp x weights.dtype) space is then checked
+For each catalogue model, catalogue GPU (the CPU row aside: `tune --gpu cpu` measures instead) and device count
+in {unstated, 1, 2, 8, 16} the profile is built (chat workload) and matched into a plan. Every point of the plan's (parallel.tp x weights.dtype) space is then checked
 with the evaluator's own view of what runs, written here without kb/feasible.py:
 - the simulator's memory test (tuner/simulate.py): KV tokens left after the weights at the plan's lowest
   memory.fraction_static (tuner/perf.py PerfModel.kv_capacity_tokens, weights = params x bytes per weight) must hold
@@ -69,7 +69,8 @@ def longest_request(profile: Profile) -> int:
     from tuner.simulate import make_requests
 
     n = min(384, max(48, 6 * (profile.workload.concurrency or 16)))
-    return max(r.prompt + r.output for seed in (0, 1) for r in make_requests(profile, n, np.random.default_rng(seed))[0])
+    draws = (make_requests(profile, n, np.random.default_rng(seed))[0] for seed in (0, 1))
+    return max(r.prompt + r.output for reqs in draws for r in reqs)
 
 
 def why_not(profile: Profile, tp: int, dtype: str, kv: str, ep: int, frac: float, longest: int) -> str | None:
@@ -182,8 +183,8 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     nm, ng = len({r["model"] for r in rows}), len({r["gpu"] for r in rows})
     by_count = Counter((str(r["count"]), r["status"]) for r in rows)
     lines = ["## Plan matrix: every catalogue model x GPU x device count (issue 17)", "",
-             f"Command: `python benchmarks/plan_matrix.py --write` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-             f", this 2-core machine, {summary['seconds']:.0f} s). {nm} models x {ng} GPUs x device counts "
+             "Command: `python benchmarks/plan_matrix.py --write` "
+             f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, this 2-core machine, {summary['seconds']:.0f} s). {nm} models x {ng} GPUs x device counts "
              "{unstated, 1, 2, 8, 16}, chat workload. Each plan's every (TP x weight dtype x KV dtype x EP) point is "
              "checked by the simulator's memory test (KV left after the weights at the plan's lowest static fraction "
              "must hold the longest request it draws), the objective's refusals and head / expert divisibility; a "
