@@ -1,10 +1,11 @@
 """Every plan over the catalogues: models x GPUs x device counts, checked point by point against what can run.
 
 For each catalogue model, catalogue GPU (the CPU row aside: `tune --gpu cpu` measures instead) and device count
-in {unstated, 1, 2, 8, 16} the profile is built (chat workload) and matched into a plan. Every point of the plan's (parallel.tp x weights.dtype) space is then checked
-with the evaluator's own view of what runs, written here without kb/feasible.py:
+in {unstated, 1, 2, 8, 16} the profile is built (chat workload) and matched into a plan. Every point of the plan's
+(TP x weight dtype x KV dtype x EP) space is then checked with the evaluator's own view of what runs, written here
+without kb/feasible.py:
 - the simulator's memory test (tuner/simulate.py): KV tokens left after the weights at the plan's lowest
-  memory.fraction_static (tuner/perf.py PerfModel.kv_capacity_tokens, weights = params x bytes per weight) must hold
+  memory.fraction_static (tuner/perf.py PerfModel.kv_capacity_tokens, the profile's weight bytes) must hold
   the longest of the requests the simulator draws for the workload (two seeds);
 - the objective's refusals (tuner/objective.py): TP over the device count, FP8 KV without FP8 cores, 4-bit weights
   under the standard quality floor;
@@ -184,7 +185,8 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     by_count = Counter((str(r["count"]), r["status"]) for r in rows)
     lines = ["## Plan matrix: every catalogue model x GPU x device count (issue 17)", "",
              "Command: `python benchmarks/plan_matrix.py --write` "
-             f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, this 2-core machine, {summary['seconds']:.0f} s). {nm} models x {ng} GPUs x device counts "
+             f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, this 2-core machine, "
+             f"{summary['seconds']:.0f} s). {nm} models x {ng} GPUs x device counts "
              "{unstated, 1, 2, 8, 16}, chat workload. Each plan's every (TP x weight dtype x KV dtype x EP) point is "
              "checked by the simulator's memory test (KV left after the weights at the plan's lowest static fraction "
              "must hold the longest request it draws), the objective's refusals and head / expert divisibility; a "
