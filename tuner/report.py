@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from kb.match import Plan
+from kb.params import param_spec
 from profiler.schema import Profile
 from tuner import plots
 from tuner.acceptance import acceptance_for
@@ -26,6 +27,9 @@ def _how(name: str, space: SearchSpace, plan: Plan) -> str:
         return f"tuned over {where} (rules {', '.join(e.rules)})"
     if name in plan.prefer:
         return f"preferred by {', '.join(plan.prefer[name].rules)}"
+    spec = param_spec(name)
+    if spec is not None and spec.design:
+        return "drafter design default (modelled, not exported)"
     return "engine default"
 
 
@@ -100,10 +104,30 @@ def write_report(out: Path, template, study, spec: StudySpec, trial, meets: bool
         advice=[a.model_dump() for a in plan.advice],
         pareto=[{"number": t.number, "vals": t.values, "feasible": t.number in feasible_ids} for t in front[:15]],
         plots=made, sps_kind=kind, sps_rows=list(zip(sps.sample_batch_tokens, sps.sample_steps_per_sec, strict=True)),
-        acceptance_line=f"Acceptance model: {source}.", profile_hash=profile.content_hash(),
+        acceptance_line=f"Acceptance model: {source}.", drafter_line=drafter_line(profile, params),
+        profile_hash=profile.content_hash(),
         profile_id=spec.profile_id, plan_id=spec.plan_id, db_url=_redact(db_url), tool_version=spec.tool_version,
         exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     (out / "report.md").write_text(text)
+
+
+def drafter_line(profile: Profile, params: dict[str, Any]) -> str:
+    """Which drafter checkpoint the bundle deploys, or (none exists) which one to train: the drafter design the
+    simulator modelled, as advice; a checkpoint's head, depth and rank are never exported as flags."""
+    if not params.get("spec.enabled", True):
+        return "Speculation is off in the exported configuration: no drafter is deployed."
+    d = profile.drafter
+    if d.id:
+        return (f"Deployed drafter: `{d.id}` ({', '.join(d.heads or [])} head, {d.layers} draft layers, Markov rank "
+                f"{d.markov_rank}, trained for {d.block_size}-token blocks), whose head, depth and rank come from the "
+                "checkpoint.")
+    head, layers = params.get("spec.head"), params.get("spec.draft_layers")
+    rank, gamma = params.get("spec.markov_rank"), params.get("spec.block_size")
+    return (f"No DSpark drafter checkpoint exists for {profile.model.name or 'this model'}: the simulation modelled a "
+            f"drafter with the {head} head, {layers} draft layers and Markov rank {rank} for {gamma}-token blocks. "
+            f"Train it (`python cli.py train-drafter --target MODEL_FOLDER --head {head} --layers {layers} --rank "
+            f"{rank} --block-size {gamma}`) and give its folder as DRAFT_MODEL_PATH; the launch scripts carry no "
+            "drafter design flags.")
 
 
 def _redact(url: str) -> str:
