@@ -12,7 +12,8 @@ without kb/feasible.py:
 - divisibility: the query heads over TP, the KV heads over TP or TP over them (replication), EP dividing TP and the
   experts.
 A plan that raises instead (no layout runs) is checked by brute force over TP {1..64} x every dtype the quality
-floor and the GPU allow: if one of those runs, the plan missed a feasible deployment.
+floor and the GPU allow, at the highest static fraction the rules allow: if one of those holds the workload's p99.9
+request (and the simulator's longest draw), the plan missed a feasible deployment.
 
     python benchmarks/plan_matrix.py [--write] [--json out.json] [--only SUBSTR]
 
@@ -121,10 +122,11 @@ def check(profile: Profile, plan: Plan) -> list[str]:
 
 def brute_force(profile: Profile, stored: list[StoredRule]) -> str | None:
     """A deployment that runs when the plan found none (any TP and dtype, bf16 KV, at the highest static fraction
-    the rules allow), else None."""
+    the rules allow, holding the workload's p99.9 request), else None."""
     from kb.feasible import fraction_range
+    from kb.feasible import longest_request as p999
 
-    longest = longest_request(profile)
+    longest = max(longest_request(profile), int(p999(profile)))
     top = fraction_range(match_profile(stored, profile, feasible=False))[1]
     for tp in ALL_TP:
         for dtype in DTYPES:
@@ -199,9 +201,7 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     for c in ("None", "1", "2", "8", "16"):
         lines.append(f"| {'unstated' if c == 'None' else c} | {by_count[(c, 'plan')]} | {by_count[(c, 'no layout')]} |")
     for r in (r for r in rows if r.get("missed")):
-        lines.append(f"- missed: {r['model']} / {r['gpu']} x {r['count']} raised, yet {r['missed']} holds the "
-                     "longest request the simulator drew: the plan budgets for p99.9 of the workload's lengths "
-                     "(kb/feasible.py longest_request), a little above that draw")
+        lines.append(f"- missed: {r['model']} / {r['gpu']} x {r['count']} raised, yet {r['missed']} runs")
     examples = [r for r in rows if r["status"] == "no layout"][:3]
     if examples:
         lines += ["", "Examples of the one-line error:"] + [f"- {r['model']} / {r['gpu']} x {r['count']}: {r['why']}"

@@ -164,11 +164,11 @@ def satisfiable(*conds: Any) -> bool:
 
 def _contradiction(a: Rule, b: Rule) -> str | None:
     """Why two rules' actions cannot both hold, or None."""
-    params = {x.param for x in a.then if x.param and x.kind != "advise"} & \
-             {x.param for x in b.then if x.param and x.kind != "advise"}
+    params = {x.param for x in a.then if x.param and x.kind != "advise" and x.around is None} & \
+             {x.param for x in b.then if x.param and x.kind != "advise" and x.around is None}
     for param in sorted(params):
-        contribs = [_Contrib(r.id, r.priority, r.specificity(), x)
-                    for r in (a, b) for x in r.then if x.param == param and x.kind != "advise"]
+        contribs = [_Contrib(r.id, r.priority, r.specificity(), x)  # an `around` range is known only per profile
+                    for r in (a, b) for x in r.then if x.param == param and x.kind != "advise" and x.around is None]
         try:
             _resolve(param, contribs, Plan())
         except PlanConflict as e:
@@ -188,7 +188,7 @@ def _param_findings(lr: LoadedRule) -> list[Finding]:
             out.append(Finding("inert", f"{lr.file}:{lr.line} (rule {lr.id}): {a.param} is read by no engine, "
                                "simulator or exporter (kb/catalog/params.yaml readers); wire it or drop the action",
                                (lr.id,)))
-        elif a.range_ is not None and not spec.searchable and a.prefer is None:
+        elif (a.range_ is not None or a.around is not None) and not spec.searchable and a.prefer is None:
             out.append(Finding("unsearchable", f"{lr.file}:{lr.line} (rule {lr.id}): a range on {a.param}, which "
                                f"only {', '.join(spec.readers)} read(s), is never searched; set a value or prefer one",
                                (lr.id,)))

@@ -184,6 +184,15 @@ def match_profile(rules: list[StoredRule], profile: Profile, feasible: bool = Tr
         plan.fired.append(FiredRule(id=rule.id, version=sr.version, title=rule.title, priority=rule.priority,
                                     category=rule.category))
         for action in rule.then:
+            concrete = action.resolved(flat)
+            if concrete is None:
+                plan.resolutions.append(f"{action.param}: {rule.id}'s range around {action.around} skipped: the "
+                                        "profile has no such value")
+                continue
+            if concrete is not action:
+                plan.resolutions.append(f"{action.param}: {rule.id} ranges {concrete.range_} around {action.around} "
+                                        f"= {flat[action.around]!r}")
+            action = concrete
             if action.kind == "advise":
                 plan.advice.append(AdviceEntry(text=action.advise, param=action.param, rules=[rule.id]))
             else:

@@ -128,18 +128,58 @@ class Action(_Strict):
     forbid: list[Scalar] | None = None
     prefer: Any = None
     advise: str | None = None
+    around: str | None = None  # a range around a numeric profile field's value (instead of constants)
+    factor: list[float] | None = None  # with around: [low, high] multiples of the field's value
+    offset: list[float] | None = None  # with around: [low, high] added to the field's value
 
     @property
     def kind(self) -> str:
         """The action's main kind: set, range, choices, forbid, advise, or prefer when alone."""
+        if self.around is not None:
+            return "range"
         for kind, val in (("set", self.set_), ("range", self.range_), ("choices", self.choices),
                           ("forbid", self.forbid), ("advise", self.advise)):
             if val is not None:
                 return kind
         return "prefer"
 
+    def resolved(self, flat: dict[str, Any]) -> Action | None:
+        """This action with an `around` range turned into constants for one profile (None: the field is absent)."""
+        if self.around is None:
+            return self
+        v = flat.get(self.around)
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            return None
+        lo, hi = ([v * f for f in self.factor] if self.factor is not None else [v + d for d in self.offset or (0, 0)])
+        spec = param_spec(self.param or "")
+        if spec is not None and spec.domain:
+            lo, hi = max(lo, spec.domain[0]), min(hi, spec.domain[1])
+        if spec is not None and spec.type == "int":
+            lo, hi = int(round(lo)), int(round(hi))
+        return self.model_copy(update={"range_": [lo, max(lo, hi)], "around": None, "factor": None, "offset": None})
+
+    def _check_around(self) -> None:
+        info = lookup_field(self.around or "")
+        if info is None or info.kind != "number":
+            raise ValueError(f"around needs a numeric profile field, got {self.around!r}")
+        bands = [b for b in (self.factor, self.offset) if b is not None]
+        if len(bands) != 1 or len(bands[0]) != 2 or bands[0][0] > bands[0][1]:
+            raise ValueError("around needs exactly one of factor: [low, high] or offset: [low, high] with low <= high")
+        if self.factor is not None and self.factor[0] <= 0:
+            raise ValueError("factor needs positive multiples")
+        if any(v is not None for v in (self.set_, self.range_, self.choices, self.forbid, self.advise)):
+            raise ValueError("around is a range of its own; it takes no set, range, choices, forbid or advise")
+        spec = param_spec(self.param or "")
+        if spec is None or spec.type not in ("int", "float"):
+            raise ValueError(f"around needs a numeric parameter, got {self.param!r}")
+
     @model_validator(mode="after")
     def _check(self) -> Action:
+        if self.around is not None:
+            self._check_around()
+            return self
+        if self.factor is not None or self.offset is not None:
+            raise ValueError("factor and offset go with around")
         given = [k for k, v in (("set", self.set_), ("range", self.range_), ("choices", self.choices),
                                 ("forbid", self.forbid), ("advise", self.advise)) if v is not None]
         if len(given) > 1:

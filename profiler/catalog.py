@@ -51,6 +51,13 @@ def _load_yaml(name: str) -> Any:
 
 
 @cache
+def sglang_defaults() -> dict[str, dict[str, dict[str, float]]]:
+    """SGLang 0.5.23's resolved memory defaults per catalogue GPU name and TP (catalog/sglang_defaults.yaml, pinned
+    by benchmarks/pin_sglang_defaults.py from SGLang's own resolution)."""
+    return _load_yaml("sglang_defaults.yaml")["gpus"]
+
+
+@cache
 def models() -> tuple[ModelEntry, ...]:
     return tuple(ModelEntry.model_validate(m) for m in _load_yaml("models.yaml")["models"])
 

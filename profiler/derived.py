@@ -67,6 +67,27 @@ def min_tp(need_bytes: float, memory_gb: float) -> int | None:
     return next((tp for tp in TP_SIZES if need_bytes / tp <= usable), None)
 
 
+def _sglang(d: Derived, hw: HwProfile) -> None:
+    """SGLang's own memory defaults for this GPU (catalog/sglang_defaults.yaml, read off SGLang's resolution) at the
+    smallest TP 8-bit weights fit in, which is where a plan's TP starts."""
+    from profiler.catalog import resolve_gpu, sglang_defaults
+    from profiler.errors import ProfileError
+
+    try:
+        name = resolve_gpu(hw.name).name if hw.name else ""
+    except ProfileError:  # a measured or unknown device: SGLang's defaults are not pinned for it
+        return
+    row = sglang_defaults().get(name)
+    if not row:
+        return
+    tp = next((t for t in (1, 2, 4, 8) if t >= (d.min_tp_fp8 or 1)), 8)
+    got = row.get(f"tp{tp}") or {}
+    d.sglang_tp = tp
+    d.sglang_static_fraction = got.get("mem_fraction_static")
+    d.sglang_chunked_prefill = got.get("chunked_prefill_size")
+    d.sglang_graph_bs = got.get("cuda_graph_max_bs")
+
+
 def derive(spec: ArchSpec, hw: HwProfile | None, wl: WorkloadProfile) -> Derived:
     """Fill what the model, hardware and workload together determine."""
     batch = int(wl.concurrency or 1)
@@ -89,6 +110,7 @@ def derive(spec: ArchSpec, hw: HwProfile | None, wl: WorkloadProfile) -> Derived
         if d.min_tp_bf16:
             free = d.min_tp_bf16 * hw.memory_gb * 1e9 * MEMORY_UTILIZATION - weight_bytes(spec, "bf16")
             d.kv_capacity_tokens = float(int(free / kv_bytes_per_token(spec, "bf16")))
+    _sglang(d, hw)
     if peak and bw:
         t_compute, t_memory = flops / peak, nbytes / bw
         d.decode_bound = "compute" if t_compute > t_memory else "memory"

@@ -180,6 +180,10 @@ class Derived(_Strict):
     ridge_intensity: float | None = None  # hardware FLOPs per byte where compute = memory time (bf16)
     decode_step_ms: float | None = None  # roofline time of one bf16 decode step at decode_batch on min_tp_bf16 GPUs
     kv_capacity_tokens: float | None = None  # bf16 KV tokens that fit beside bf16 weights at min_tp_bf16
+    sglang_static_fraction: float | None = None  # SGLang's own --mem-fraction-static default on this GPU at sglang_tp
+    sglang_chunked_prefill: int | None = None  # SGLang's own --chunked-prefill-size default there
+    sglang_graph_bs: int | None = None  # SGLang's own decode CUDA-graph max batch there
+    sglang_tp: int | None = None  # TP those defaults were resolved at: the smallest 8-bit weights fit in
 
 
 class Profile(_Strict):
