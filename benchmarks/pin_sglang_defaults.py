@@ -40,8 +40,8 @@ def resolve(mem_gb: float, tp: int) -> dict:
     graph = d.get("cuda_graph_config") or {}
     decode = graph.get("decode") if isinstance(graph, dict) else getattr(graph, "decode", None)
     max_bs = decode.get("max_bs") if isinstance(decode, dict) else getattr(decode, "max_bs", None)
-    return {"mem_fraction_static": float(d["mem_fraction_static"]), "chunked_prefill_size": int(d["chunked_prefill_size"]),
-            "cuda_graph_max_bs": int(max_bs)}
+    return {"mem_fraction_static": float(d["mem_fraction_static"]),
+            "chunked_prefill_size": int(d["chunked_prefill_size"]), "cuda_graph_max_bs": int(max_bs)}
 
 
 def main() -> int:
