@@ -56,10 +56,29 @@ def ridge_batch(spec: ArchSpec, peak: float, bw: float, limit: float = 1 << 20) 
     return round(hi, 1)
 
 
-def verify_budget(ridge: float, batch: int) -> float:
-    """Draft tokens per request a decode step of `batch` requests can verify while weight streaming still bounds
-    it: the ridge's tokens shared by the requests, less each request's own decode token (>= 0)."""
-    return round(max(0.0, ridge / max(1, batch) - 1.0), 1)
+def verify_budget(spec: ArchSpec, peak: float, bw: float, batch: int, ctx: float, cap: float = 64.0) -> float:
+    """Draft tokens per request a decode step of `batch` requests at context `ctx` can verify while memory still
+    bounds it: the largest lambda with batch x (1 + lambda) tokens' FLOPs at `peak` <= (the weights those tokens
+    touch + every request's KV, read once per request) at `bw`, by bisection; 0 when decode is compute-bound."""
+    b = max(1, batch)
+    per_token, _ = decode_step(spec, 1, ctx)
+    _, kv_and_w = decode_step(spec, b, ctx)
+    _, w_only = decode_step(spec, b, 0.0)
+    kv = kv_and_w - w_only  # the batch's KV bytes, independent of how many tokens each request verifies
+
+    def excess(t: float) -> float:  # t = 1 + lambda tokens per request
+        _, w = decode_step(spec, b * t, 0.0)
+        return b * t * per_token / peak - (w + kv) / bw
+
+    if excess(1.0) >= 0:
+        return 0.0
+    if excess(1.0 + cap) < 0:
+        return cap
+    lo, hi = 1.0, 1.0 + cap
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if excess(mid) < 0 else (lo, mid)
+    return round(lo - 1.0, 1)
 
 
 def min_tp(need_bytes: float, memory_gb: float) -> int | None:
@@ -116,8 +135,7 @@ def derive(spec: ArchSpec, hw: HwProfile | None, wl: WorkloadProfile) -> Derived
         d.decode_bound = "compute" if t_compute > t_memory else "memory"
         d.ridge_intensity = round(peak / bw, 1)
         d.ridge_batch = ridge_batch(spec, peak, bw)
-        if d.ridge_batch:
-            d.verify_budget = verify_budget(d.ridge_batch, batch)
+        d.verify_budget = verify_budget(spec, peak, bw, batch, ctx)
         tp = d.min_tp_bf16 or 1  # ideal TP split: FLOPs and bytes both divide over the ranks
         d.decode_step_ms = round(max(t_compute, t_memory) / tp * 1e3, 3)
     return d

@@ -167,8 +167,8 @@ class DrafterProfile(_Strict):
 class Derived(_Strict):
     decode_bound: Bound | None = None  # what bounds decode at workload concurrency on this hw
     ridge_batch: float | None = None  # batch tokens where decode turns compute-bound (weights-only roofline)
-    verify_budget: float | None = None  # draft tokens each request can verify before a step turns compute-bound:
-    # ridge_batch / decode_batch - 1 (derived; 0 when decode is already compute-bound)
+    verify_budget: float | None = None  # draft tokens each request can verify before a step turns compute-bound
+    # (weights touched + the batch's KV vs FLOPs at decode_batch and decode_context; 0 when already compute-bound)
     weights_fit_bf16: bool | None = None  # bf16 weights fit on one device with KV headroom
     min_tp_bf16: int | None = None  # smallest TP (power of two) that fits bf16 weights
     min_tp_fp8: int | None = None  # ... fp8 weights
