@@ -57,7 +57,9 @@ SENSITIVE: tuple[str, ...] = (
 )
 
 # Properties of the drafter checkpoint, not serving knobs: held at the released drafters' value everywhere
-# (the Markov head's W1/W2 are trained weight shapes; the paper publishes no acceptance for other ranks).
+# (the Markov head's W1/W2 are trained weight shapes; the paper publishes no acceptance for other ranks). Where the
+# case's profile deploys a published checkpoint (drafter.*), its head, depth and rank are held too and its trained
+# block caps gamma, for every method alike (`checkpoint_held`, Scorer._deployable).
 CHECKPOINT: dict[str, Any] = {"spec.markov_rank": 256}
 
 # Exhaustive grid over the simulator's main parameters (the rest at the engine defaults), plus the
@@ -119,11 +121,20 @@ class Scorer:
     slo_tpot_ms: float | None
     slo_ttft_ms: float | None
     sim_seed: int = 0
+    held: dict[str, Any] = field(default_factory=dict)  # the deployed drafter checkpoint's properties (every method)
+    block_cap: int | None = None  # the block the checkpoint was trained for: it drafts no further
     memo: dict[tuple, tuple[float, dict[str, float]]] = field(default_factory=dict)
     calls: int = 0  # simulator runs (memo misses)
 
     def key(self, params: dict[str, Any]) -> tuple:
         return tuple(params.get(k) for k in SENSITIVE)
+
+    def _deployable(self, params: dict[str, Any]) -> dict[str, Any]:
+        """`params` as the checkpoint runs them: its head and depth, at most its trained block."""
+        p = {**params, **self.held}
+        if self.block_cap and int(p.get("spec.block_size", 0)) > self.block_cap:
+            p["spec.block_size"] = self.block_cap
+        return p
 
     def __call__(self, params: dict[str, Any]) -> float:
         return self.evaluate(params)[0]
@@ -132,6 +143,7 @@ class Scorer:
         """(score, the Optuna constraint values `tune` would record for this configuration)."""
         from tuner.study import slo_constraints
 
+        params = self._deployable(params)
         k = self.key(params)
         if k not in self.memo:
             self.calls += 1
@@ -159,13 +171,31 @@ def load_rules_stored() -> list[Any]:
     return [StoredRule(lr.rule, 1, lr.file, lr.line) for lr in load_rules()]
 
 
-def free_space(plan) -> Any:
+def checkpoint_held(profile) -> tuple[dict[str, Any], int | None]:
+    """What the deployed drafter checkpoint fixes for every method (profile drafter.*): CHECKPOINT, its head when it
+    has one, its depth, and (second) the block it was trained for. No checkpoint: only CHECKPOINT."""
+    d = profile.drafter
+    held = dict(CHECKPOINT)
+    if not d.id:
+        return held, None
+    if d.heads and len(d.heads) == 1:
+        held["spec.head"] = d.heads[0]
+    if d.layers:
+        held["spec.draft_layers"] = d.layers
+    if d.markov_rank:
+        held["spec.markov_rank"] = d.markov_rank
+    return held, d.block_size
+
+
+def free_space(plan, held: dict[str, Any] | None = None) -> Any:
     """`unrestricted_space(plan)` plus every other parameter the simulator reads, over its registry domain:
-    what a search without rules faces (otherwise the default sampler could not even change the batch size)."""
+    what a search without rules faces (otherwise the default sampler could not even change the batch size);
+    the checkpoint's properties (`held`) are not searched."""
     from tuner.space import unrestricted_space
 
-    space = unrestricted_space(plan, extra=tuple(k for k in SENSITIVE if k not in CHECKPOINT))
-    for k, v in CHECKPOINT.items():
+    held = CHECKPOINT if held is None else held
+    space = unrestricted_space(plan, extra=tuple(k for k in SENSITIVE if k not in held))
+    for k, v in held.items():
         space.distributions.pop(k, None)
         space.defaults[k] = v
     return space
@@ -181,14 +211,16 @@ def make_case(model: str, gpu: str, workload: str, n_requests: int | None = None
     profile = build_profile(model, gpu, workload, measure=False)
     plan = match_profile(rules if rules is not None else load_rules_stored(), profile)
     slo = profile.workload.slo
+    held, cap = checkpoint_held(profile)
     scorer = Scorer(SimulateEvaluator(profile, n_requests=n_requests or None), slo.tpot_ms if slo else None,
-                    slo.ttft_ms if slo else None, sim_seed)
+                    slo.ttft_ms if slo else None, sim_seed, held, cap)
     rule_space = space_from_plan(plan)
-    for k, v in CHECKPOINT.items():
+    for k, v in held.items():
         if k in rule_space.distributions or rule_space.fixed.get(k, v) != v:
             raise RuntimeError(f"the rules search or fix checkpoint property {k}; bench_search holds it at {v}")
-        rule_space.defaults[k] = v
-    return Case(f"{model} / {gpu} / {workload}", profile, plan, rule_space, free_space(plan), scorer)
+        if k not in rule_space.fixed:
+            rule_space.defaults[k] = v
+    return Case(f"{model} / {gpu} / {workload}", profile, plan, rule_space, free_space(plan, held), scorer)
 
 
 def grid_points(base: dict[str, Any], grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -242,6 +274,7 @@ def reference_optimum(case: Case, grid: dict[str, list[Any]] | None = None,
     best_v, best_p = max(((case.scorer(p), p) for p in pts), key=lambda vp: vp[0])
     grid_v = best_v
     best_v, best_p = _polish(case, best_p, polish, max_passes)
+    best_p = case.scorer._deployable(best_p)
     return Optimum(best_v, {k: best_p[k] for k in SENSITIVE}, grid_v, len(pts), case.scorer.calls)
 
 
@@ -250,6 +283,7 @@ def refine_optimum(case: Case, opt: Optimum, start: dict[str, Any], polish: dict
     """A second polish start (e.g. the best point inside the rule space), over the full domains: the
     reference becomes the better of the two local optima."""
     v, p = _polish(case, start, POLISH if polish is None else polish, max_passes)
+    p = case.scorer._deployable(p)
     if v > opt.value:
         opt = Optimum(v, {k: p[k] for k in SENSITIVE}, opt.grid_value, opt.grid_points, 0)
     return Optimum(opt.value, opt.params, opt.grid_value, opt.grid_points, case.scorer.calls)

@@ -55,10 +55,11 @@ def test_recorder_rejects_unlisted_parameter(bench):
 
 def test_free_space_adds_every_simulated_parameter(bench, case):
     free, rules = case.free_space.distributions, case.rule_space.distributions
-    assert set(bench.SENSITIVE) - set(bench.CHECKPOINT) <= set(free)
-    for k, v in bench.CHECKPOINT.items():  # checkpoint properties are held, never searched
+    held, _ = bench.checkpoint_held(case.profile)  # the rank, and the deployed checkpoint's head and depth
+    assert set(bench.SENSITIVE) - set(held) <= set(free)
+    for k, v in held.items():  # checkpoint properties are held, never searched
         assert k not in free and k not in rules
-        assert case.free_space.defaults[k] == v == case.rule_space.defaults[k]
+        assert case.free_space.defaults[k] == v == case.rule_space.params_of({})[k]  # fixed by the plan or held
     assert all(k.startswith("kernel.") for k in set(rules) - set(free))  # no registry domain to widen to
     assert free["batch.max_requests"].high == 4096 and free["parallel.tp"].high == 64
 
