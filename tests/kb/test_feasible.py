@@ -1,0 +1,109 @@
+"""Feasibility after the rules (kb/feasible.py), the `around` action and the parameter lint checks."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from kb.errors import PlanConflict
+from kb.lint import lint_rules
+from kb.loader import load_rules
+from kb.match import match_profile
+from kb.rules import Action
+from kb.sync import StoredRule
+from profiler.build import build_profile
+
+
+@cache
+def _rules() -> tuple[StoredRule, ...]:
+    return tuple(StoredRule(lr.rule, 1, lr.file, lr.line) for lr in load_rules())
+
+
+def _plan(model: str, gpu: str, gpus: int | None):
+    return match_profile(list(_rules()), build_profile(model, gpu, "chat", measure=False, gpus=gpus))
+
+
+def _values(plan, name):
+    if name in plan.fixed:
+        return [plan.fixed[name].value]
+    e = plan.space[name]
+    assert e.kind == "choices", f"{name} is a {e.kind}, not a choice list"
+    return e.choices
+
+
+def test_fp8_on_one_gpu_keeps_tp_1_instead_of_forcing_tp_2():
+    plan = _plan("qwen3-8b", "l4", 8)  # bf16 needs TP 2 on a 24 GB L4, FP8 fits one
+    assert _values(plan, "parallel.tp")[0] == 1 and set(_values(plan, "parallel.tp")) <= {1, 2, 4, 8}
+    assert "bf16" not in _values(plan, "weights.dtype") and "fp8" in _values(plan, "weights.dtype")
+
+
+def test_tp_never_exceeds_the_devices_and_is_a_power_of_two():
+    plan = _plan("llama-3.1-70b", "a100-80gb", 2)
+    assert _values(plan, "parallel.tp") == [2]
+    assert all(t in (1, 2, 4, 8, 16) for t in _values(_plan("qwen3-32b", "h100", 8), "parallel.tp"))
+
+
+def test_the_memory_minimum_is_kept():
+    assert _values(_plan("llama-3.1-70b", "l4", 8), "parallel.tp") == [8]  # 70 GB of FP8 over 24 GB GPUs
+
+
+def test_expert_parallel_divides_tp_and_the_experts():
+    plan = _plan("deepseek-v3", "b200", 8)
+    tp, ep = _values(plan, "parallel.tp"), _values(plan, "parallel.ep")
+    assert len(ep) == 1 and all(t % ep[0] == 0 for t in tp) and 256 % ep[0] == 0
+
+
+def test_no_layout_is_one_line_naming_the_limit():
+    with pytest.raises(PlanConflict) as e:
+        _plan("deepseek-v3", "h100", 8)
+    msg = str(e.value)
+    assert "\n" not in msg and "no parallel layout runs DeepSeek-V3 on 8 x H100-SXM" in msg and "GB" in msg
+
+
+def test_around_ranges_follow_the_profile():
+    plan = _plan("qwen3-8b", "h100", 1)
+    e = plan.space["batch.chunked_prefill"]  # SGLang's own 8192 on an H100, x [0.5, 2]
+    assert (e.low, e.high) == (4096, 16384) and "batch.sglang-defaults.chunked-prefill" in e.rules
+    assert any("around derived.sglang_chunked_prefill = 8192" in r for r in plan.resolutions)
+
+
+@pytest.mark.parametrize("bad", [
+    {"param": "batch.chunked_prefill", "around": "derived.sglang_chunked_prefill"},  # no band
+    {"param": "batch.chunked_prefill", "around": "hw.arch", "factor": [0.5, 2]},  # not a number
+    {"param": "batch.chunked_prefill", "around": "derived.sglang_chunked_prefill", "factor": [2, 1]},
+    {"param": "spec.head", "around": "derived.verify_budget", "offset": [0, 1]},  # a categorical parameter
+    {"param": "batch.chunked_prefill", "factor": [0.5, 2]},  # a band without around
+])
+def test_around_is_validated(bad):
+    with pytest.raises(ValueError):
+        Action.model_validate(bad)
+
+
+def _lint_one(tmp_path: Path, action: str):
+    (tmp_path / "memory.yaml").write_text(f"""
+- id: t.one
+  title: A rule under test
+  category: memory
+  then:
+    - {action}
+  rationale: Only for the lint test here.
+  references: ["tests/kb/test_feasible.py"]
+""")
+    return lint_rules(tmp_path)[1]
+
+
+def test_lint_flags_a_range_on_an_exporter_only_parameter(tmp_path):
+    kinds = [f.kind for f in _lint_one(tmp_path, "{param: memory.page_size, range: [16, 64]}")]
+    assert kinds == ["unsearchable"]
+    assert not _lint_one(tmp_path, "{param: memory.page_size, choices: [16, 64], prefer: 16}")
+
+
+def test_lint_flags_a_parameter_nothing_reads(tmp_path, monkeypatch):
+    import kb.lint
+    from kb.params import ParamSpec
+
+    monkeypatch.setattr(kb.lint, "param_spec", lambda name: ParamSpec(name, "int", (1, 256), "", ()))
+    kinds = [f.kind for f in _lint_one(tmp_path, "{param: memory.page_size, set: 16}")]
+    assert kinds == ["inert"]
