@@ -150,7 +150,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         try:
             plan = match_profile(enabled_rules(database), profile)
         except PlanConflict as e:
-            raise TunerError(f"the rules conflict for this profile: {e}") from None
+            raise TunerError(f"no plan for this profile: {e}") from None
         plan_json = plan.model_dump(mode="json")
         plan_id = save_plan(database, profile_id, plan_json, plan.rule_refs())
         local = (profile.hw.arch == "cpu") or (gpu or "").lower() in LOCAL_GPUS

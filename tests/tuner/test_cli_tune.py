@@ -117,3 +117,12 @@ def test_studies_list_names_what_tune_made(capsys, tmp_path):
     assert code == 0 and [r["study"] for r in rows] == ["s1"]
     assert rows[0]["completed"] == 2 and rows[0]["mode"] == "simulate" and rows[0]["gpu"].startswith("H100")
     assert "s1" in run(capsys, "studies", "list")[1]
+
+
+def test_a_model_no_layout_runs_is_one_line_naming_the_limit(capsys, tmp_path):
+    """DeepSeek-V3 in FP8 does not fit one 8-GPU H100 node: `tune` says so in one line, exit 2, and writes nothing."""
+    assert run(capsys, "profile", "--model", "deepseek-v3", "--gpu", "h100", "--gpus", "8")[0] == 0
+    code, _, err = run(capsys, "tune", "--gpu", "h100", "--trials", "2", "--out", str(tmp_path / "b"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "no parallel layout runs DeepSeek-V3 on 8 x H100-SXM" in err and "--gpus" in err
+    assert not (tmp_path / "b").exists()
