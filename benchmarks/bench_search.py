@@ -31,7 +31,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_md import write_section as write_named_section  # noqa: E402
-from search_report import RESULTS, SECTION, median_trials, render, render_seed, write_section  # noqa: E402,F401
+from search_report import (  # noqa: E402,F401
+    RESULTS,
+    SECTION,
+    case_line,
+    excluded_by_rules,
+    median_trials,
+    render,
+    render_seed,
+    write_section,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -59,7 +68,7 @@ SENSITIVE: tuple[str, ...] = (
 # Properties of the drafter checkpoint, not serving knobs: held at the released drafters' value everywhere
 # (the Markov head's W1/W2 are trained weight shapes; the paper publishes no acceptance for other ranks). Where the
 # case's profile deploys a published checkpoint (drafter.*), its head, depth and rank are held too and its trained
-# block caps gamma, for every method alike (`checkpoint_held`, Scorer._deployable).
+# block caps gamma, for every method alike (`checkpoint_held`, Scorer.deployable).
 CHECKPOINT: dict[str, Any] = {"spec.markov_rank": 256}
 
 # Exhaustive grid over the simulator's main parameters (the rest at the engine defaults), plus the
@@ -129,7 +138,7 @@ class Scorer:
     def key(self, params: dict[str, Any]) -> tuple:
         return tuple(params.get(k) for k in SENSITIVE)
 
-    def _deployable(self, params: dict[str, Any]) -> dict[str, Any]:
+    def deployable(self, params: dict[str, Any]) -> dict[str, Any]:
         """`params` as the checkpoint runs them: its head and depth, at most its trained block."""
         p = {**params, **self.held}
         if self.block_cap and int(p.get("spec.block_size", 0)) > self.block_cap:
@@ -143,7 +152,7 @@ class Scorer:
         """(score, the Optuna constraint values `tune` would record for this configuration)."""
         from tuner.study import slo_constraints
 
-        params = self._deployable(params)
+        params = self.deployable(params)
         k = self.key(params)
         if k not in self.memo:
             self.calls += 1
@@ -274,7 +283,7 @@ def reference_optimum(case: Case, grid: dict[str, list[Any]] | None = None,
     best_v, best_p = max(((case.scorer(p), p) for p in pts), key=lambda vp: vp[0])
     grid_v = best_v
     best_v, best_p = _polish(case, best_p, polish, max_passes)
-    best_p = case.scorer._deployable(best_p)
+    best_p = case.scorer.deployable(best_p)
     return Optimum(best_v, {k: best_p[k] for k in SENSITIVE}, grid_v, len(pts), case.scorer.calls)
 
 
@@ -283,7 +292,7 @@ def refine_optimum(case: Case, opt: Optimum, start: dict[str, Any], polish: dict
     """A second polish start (e.g. the best point inside the rule space), over the full domains: the
     reference becomes the better of the two local optima."""
     v, p = _polish(case, start, POLISH if polish is None else polish, max_passes)
-    p = case.scorer._deployable(p)
+    p = case.scorer.deployable(p)
     if v > opt.value:
         opt = Optimum(v, {k: p[k] for k in SENSITIVE}, opt.grid_value, opt.grid_points, 0)
     return Optimum(opt.value, opt.params, opt.grid_value, opt.grid_points, case.scorer.calls)
@@ -382,38 +391,6 @@ class CaseResult:
     seen_max: float  # best score of any configuration evaluated by any method
 
 
-def excluded_by_rules(case: Case, opt_params: dict[str, Any]) -> list[str]:
-    """Optimum values the rule-guided space cannot produce and that cost score, with the rules responsible."""
-    from optuna.distributions import CategoricalDistribution
-
-    out = []
-    s, plan = case.rule_space, case.plan
-    for k, v in opt_params.items():
-        if k in s.distributions:
-            d = s.distributions[k]
-            if isinstance(d, CategoricalDistribution):
-                inside, near = v in d.choices, list(d.choices)
-            else:
-                inside, near = d.low <= v <= d.high, [min(max(v, d.low), d.high)]
-            if not inside and max(case.scorer({**opt_params, k: n}) for n in near) < case.scorer(opt_params):
-                out.append(f"{k}={v} outside {_dist_text(d)} ({', '.join(plan.space[k].rules)})")
-        else:
-            have = s.fixed.get(k, s.defaults.get(k))
-            if have != v and case.scorer({**opt_params, k: have}) < case.scorer(opt_params):
-                src = plan.fixed.get(k) or plan.prefer.get(k)
-                by = f"rules {', '.join(src.rules)}" if src is not None else "engine default"
-                out.append(f"{k}={v} but {'fixed' if k in s.fixed else 'not searched'} at {have} ({by})")
-    return out
-
-
-def _dist_text(d) -> str:
-    from optuna.distributions import CategoricalDistribution
-
-    if isinstance(d, CategoricalDistribution):
-        return "{" + ", ".join(map(str, d.choices)) + "}"
-    return f"[{d.low}, {d.high}]"
-
-
 def run_case(args: tuple) -> CaseResult:
     (model, gpu, workload), n_requests, seeds, rule_cap, default_cap, target, sim_seed = args
     t0 = time.time()
@@ -432,12 +409,6 @@ def run_case(args: tuple) -> CaseResult:
         [c[-1] / opt.value if opt.value else 0.0 for c in default_curves],
         case.scorer.calls, time.time() - t0, excluded_by_rules(case, opt.params), in_rules,
         max(v for v, _ in case.scorer.memo.values()))
-
-
-def _case_line(r: CaseResult, opts: argparse.Namespace) -> str:
-    """One line per finished case, so a long run shows its results as they come."""
-    return (f"{r.name}: optimum {r.optimum.value:,.0f}, inside rules {r.rule_space_best / r.optimum.value:.3f}; "
-            f"trials to {opts.target:g}: rules {r.rule_hits}, default {r.default_hits} ({r.seconds:.0f} s)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -478,13 +449,13 @@ def main(argv: list[str] | None = None) -> int:
             for w in work:
                 r = run_case(w)
                 results[r.name] = r
-                bar.console.print(_case_line(r, opts))
+                bar.console.print(case_line(r, opts))
                 bar.advance(task)
         else:
             with get_context("spawn").Pool(min(opts.jobs, len(work))) as pool:
                 for r in pool.imap_unordered(run_case, work):
                     results[r.name] = r
-                    bar.console.print(_case_line(r, opts))
+                    bar.console.print(case_line(r, opts))
                     bar.advance(task)
     ordered = [results[f"{m} / {g} / {w}"] for (m, g, w), *_ in work]
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
@@ -148,3 +148,41 @@ def write_section(body: str, path: Path = RESULTS) -> None:
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text(new)
     os.replace(tmp, path)
+
+
+def excluded_by_rules(case: Any, opt_params: dict[str, Any]) -> list[str]:
+    """Optimum values the rule-guided space cannot produce and that cost score, with the rules responsible."""
+    from optuna.distributions import CategoricalDistribution
+
+    out = []
+    s, plan = case.rule_space, case.plan
+    for k, v in opt_params.items():
+        if k in s.distributions:
+            d = s.distributions[k]
+            if isinstance(d, CategoricalDistribution):
+                inside, near = v in d.choices, list(d.choices)
+            else:
+                inside, near = d.low <= v <= d.high, [min(max(v, d.low), d.high)]
+            if not inside and max(case.scorer({**opt_params, k: n}) for n in near) < case.scorer(opt_params):
+                out.append(f"{k}={v} outside {_dist_text(d)} ({', '.join(plan.space[k].rules)})")
+        else:
+            have = s.fixed.get(k, s.defaults.get(k))
+            if have != v and case.scorer({**opt_params, k: have}) < case.scorer(opt_params):
+                src = plan.fixed.get(k) or plan.prefer.get(k)
+                by = f"rules {', '.join(src.rules)}" if src is not None else "engine default"
+                out.append(f"{k}={v} but {'fixed' if k in s.fixed else 'not searched'} at {have} ({by})")
+    return out
+
+
+def _dist_text(d) -> str:
+    from optuna.distributions import CategoricalDistribution
+
+    if isinstance(d, CategoricalDistribution):
+        return "{" + ", ".join(map(str, d.choices)) + "}"
+    return f"[{d.low}, {d.high}]"
+
+
+def case_line(r: CaseResult, opts: argparse.Namespace) -> str:
+    """One line per finished case, so a long run shows its results as they come."""
+    return (f"{r.name}: optimum {r.optimum.value:,.0f}, inside rules {r.rule_space_best / r.optimum.value:.3f}; "
+            f"trials to {opts.target:g}: rules {r.rule_hits}, default {r.default_hits} ({r.seconds:.0f} s)")
