@@ -57,23 +57,13 @@ def _values(plan: Plan, param: str) -> list[Any] | None:
     return [v for v in TP_SIZES if e.low <= v <= e.high and v not in e.exclude]
 
 
-def _tail(median: float | None, p99: float | None) -> float:
-    """Length at p99.9 of a lognormal with this median and p99 (the simulator's request lengths)."""
-    if not median:
-        return float(p99 or 0.0)
-    p99 = max(p99 or median, median)
-    return median * (p99 / median) ** (Z_LONGEST / 2.326)
-
-
 def longest_request(profile: Profile) -> float:
-    """Tokens of the longest request the workload sends (prompt + output at p99.9), capped at the context."""
-    w = profile.workload
-    pm = (w.prompt_len.p50 or w.prompt_len.mean) if w.prompt_len else None
-    om = (w.output_len.p50 or w.output_len.mean) if w.output_len else None
-    prompt = _tail(pm or 512, (w.prompt_len.p99 if w.prompt_len else None) or (pm or 512) * 3)
-    out = _tail(om or 256, (w.output_len.p99 if w.output_len else None) or (om or 256) * 3)
-    total = min(prompt, profile.model.max_context or math.inf) + min(out, 8192)
-    return float(total)
+    """Tokens of the longest request the workload sends: prompt + output, each at p99.9 of the lengths the simulator
+    draws (profiler/workload.py request_lengths)."""
+    from profiler.workload import request_lengths
+
+    prompt, output = request_lengths(profile.workload, profile.model.max_context)
+    return prompt.quantile(Z_LONGEST) + output.quantile(Z_LONGEST)
 
 
 def weight_gb(profile: Profile, dtype: str) -> float | None:

@@ -8,6 +8,7 @@ else from a 4-characters-per-token estimate (the profile notes which).
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from dataclasses import dataclass
@@ -235,3 +236,34 @@ def measure_entropy(model_dir: Path, prompts: list[str], max_tokens: int = 256) 
     if not ents:
         raise ProfileError("entropy: the workload's prompts are too short to measure (need 2+ tokens)")
     return Entropy(mean=round(statistics.fmean(ents), 4), p90=round(_pct(ents, 0.9), 4))
+
+
+@dataclass(frozen=True)
+class LengthModel:
+    """Lognormal request lengths with the workload's median and p99, clipped to [lo, hi]: what the simulator draws
+    (tuner/simulate.py) and what the plan's feasibility budgets KV for (kb/feasible.py)."""
+
+    median: float  # tokens
+    p99: float  # tokens
+    lo: int  # shortest length drawn
+    hi: int  # longest length drawn
+
+    @property
+    def sigma(self) -> float:
+        return max(0.05, math.log(max(self.p99, self.median * 1.01) / self.median) / 2.326)
+
+    def quantile(self, z: float) -> float:
+        """The length at standard-normal quantile `z` (2.326 = p99), clipped."""
+        return min(max(self.median * math.exp(z * self.sigma), self.lo), self.hi)
+
+
+def request_lengths(wl: WorkloadProfile, max_context: int | None) -> tuple[LengthModel, LengthModel]:
+    """(prompt, output) length models of a workload; absent figures default to a 512-token prompt and a 256-token
+    output with p99 three times the median."""
+    pm = (wl.prompt_len.p50 or wl.prompt_len.mean) if wl.prompt_len else None
+    om = (wl.output_len.p50 or wl.output_len.mean) if wl.output_len else None
+    prompt = LengthModel(pm or 512, (wl.prompt_len.p99 if wl.prompt_len else None) or (pm or 512) * 3, 4,
+                         max_context or 32768)
+    output = LengthModel(om or 256, (wl.output_len.p99 if wl.output_len else None) or (om or 256) * 3, 8, 8192)
+    return prompt, output
+

@@ -19,6 +19,7 @@ from dspark_core.regulator import GammaRegulator, RegulatorConfig
 from dspark_core.schedulers import make_scheduler
 from dspark_core.sps import SpsTable, default_probes
 from profiler.schema import Profile
+from profiler.workload import LengthModel, request_lengths
 from tuner.acceptance import AcceptanceModel
 from tuner.perf import PerfModel
 
@@ -53,20 +54,15 @@ class SimResult:
         return {k: v for k, v in self.__dict__.items()}
 
 
-def _lognormal(rng: np.random.Generator, n: int, median: float, p99: float, lo: int, hi: int) -> np.ndarray:
-    sigma = max(0.05, np.log(max(p99, median * 1.01) / median) / 2.326)
-    return np.clip(rng.lognormal(np.log(median), sigma, n), lo, hi).astype(int)
+def _lognormal(rng: np.random.Generator, n: int, m: LengthModel) -> np.ndarray:
+    return np.clip(rng.lognormal(np.log(m.median), m.sigma, n), m.lo, m.hi).astype(int)
 
 
 def make_requests(profile: Profile, n: int, rng: np.random.Generator) -> tuple[list[Request], int]:
     """`n` requests with lengths from the workload profile; returns them and the closed-loop width."""
     w = profile.workload
-    pm = (w.prompt_len.p50 or w.prompt_len.mean) if w.prompt_len else None
-    om = (w.output_len.p50 or w.output_len.mean) if w.output_len else None
-    prompts = _lognormal(rng, n, pm or 512, (w.prompt_len.p99 if w.prompt_len else None) or (pm or 512) * 3, 4,
-                         profile.model.max_context or 32768)
-    outputs = _lognormal(rng, n, om or 256, (w.output_len.p99 if w.output_len else None) or (om or 256) * 3, 8,
-                         8192)
+    prompt_model, output_model = request_lengths(w, profile.model.max_context)
+    prompts, outputs = _lognormal(rng, n, prompt_model), _lognormal(rng, n, output_model)
     arrivals = np.zeros(n)
     if w.request_rate:
         arrivals = np.cumsum(rng.exponential(1.0 / w.request_rate, n))
