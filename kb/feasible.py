@@ -72,9 +72,9 @@ def weight_gb(profile: Profile, dtype: str) -> float | None:
     if wb is None:
         return None
     if dtype == "auto":
-        dtype = "fp8" if "fp8" in (profile.model.dtype or "").lower() or "float8" in (profile.model.dtype or "") \
-            else "bf16"
-    key = {"fp16": "bf16", "fp32": "bf16", "nvfp4": "int4", "int8": "int8"}.get(dtype, dtype)
+        stored = (profile.model.dtype or "").lower()
+        dtype = "fp8" if "fp8" in stored or "float8" in stored else "bf16"
+    key = {"fp16": "bf16", "fp32": "bf16", "nvfp4": "int4"}.get(dtype, dtype)
     value = getattr(wb, key, None) or (wb.fp8 if key == "int8" else None)
     if value is None:
         return None
@@ -210,7 +210,7 @@ def apply_feasibility(plan: Plan, profile: Profile) -> Plan:
     why = (f"runs from TP {m}: {keep_d[0]} weights {f.weights_gb:.1f} GB + longest request's KV {f.kv_gb:.1f} GB "  # type: ignore[union-attr]
            f"per GPU <= {profile.hw.memory_gb:g} GB x {frac:.2f}")
     _set(plan, "parallel.tp", keep_t, why)
-    if param_spec("weights.dtype") and (dropped_d or "weights.dtype" in plan.space or "weights.dtype" in plan.fixed):
+    if dropped_d or "weights.dtype" in plan.space or "weights.dtype" in plan.fixed:
         _set(plan, "weights.dtype", keep_d, f"the dtypes that fit at TP {m}")
     _expert_parallel(plan, profile, keep_t, dp)
     return plan
