@@ -204,14 +204,13 @@ def match_profile(rules: list[StoredRule], profile: Profile, feasible: bool = Tr
                                 f"{profile.drafter.id} (profile drafter.*; a checkpoint outranks every rule)")
     for param in sorted(by_param):
         _resolve(param, by_param[param], plan)
-    if not feasible:
-        return plan
-    from kb.feasible import apply_feasibility  # after the rules: what runs at all narrows what they planned
+    if feasible:
+        from kb.feasible import apply_feasibility  # after the rules: what runs at all narrows what they planned
 
-    return apply_feasibility(plan, profile)
+        apply_feasibility(plan, profile)
+    return _fix_unsearched(plan)
 
 
-FEASIBILITY_PARAMS = ("parallel.ep",)  # exporter-only, but fixed by kb/feasible.py from what the TP sizes allow
 CHECKPOINT_PRIORITY = 10_000  # above any rule's priority: no rule can change the checkpoint that is deployed
 
 
@@ -274,10 +273,6 @@ def _resolve(param: str, contribs: list[_Contrib], plan: Plan) -> None:
         return
 
     rule_ids = [c.rule_id for c in constraints]
-    spec = param_spec(param)
-    if spec is not None and not spec.searchable and (constraints or prefers) and param not in FEASIBILITY_PARAMS:
-        _fix_unsearched(param, space, prefers, rule_ids, plan)
-        return
     if constraints:
         one = space.single()
         if one is not None:
@@ -301,21 +296,26 @@ def _resolve(param: str, contribs: list[_Contrib], plan: Plan) -> None:
                                 f"{space.describe()}; ignored")
 
 
-def _fix_unsearched(param: str, space: _Space, prefers: list[_Contrib], rule_ids: list[str], plan: Plan) -> None:
-    """A parameter only an exporter reads is never searched (no evaluator would see its value): it is fixed at the
-    highest-precedence preference the constraints admit, else at the first value they allow."""
-    pref = next((p for p in prefers if space.admits(p.action.prefer)), None)
-    if pref is not None:
-        value, why = pref.action.prefer, f"preferred by {pref.rule_id}"
-    elif space.choices is not None:
-        value = next(v for v in space.choices if v not in space.exclude)
-        why = f"first of {space.describe()}"
-    else:
-        value, why = space.low, f"low end of {space.describe()}"
-    rules = ([pref.rule_id] if pref is not None else []) + [r for r in rule_ids if pref is None or r != pref.rule_id]
-    plan.fixed[param] = FixedEntry(value=value, rules=rules, why=f"{why}; exported only, so not searched")
-    plan.resolutions.append(f"{param}: fixed to {value!r} ({why}): only an exporter reads it, so no search could "
-                            "tell its values apart")
+def _fix_unsearched(plan: Plan) -> Plan:
+    """A parameter only an exporter reads is never searched (no evaluator would see its value): what is left of its
+    space after the rules and feasibility is fixed at the preference it admits, else at the first value it allows."""
+    for param in sorted(plan.space):
+        spec = param_spec(param)
+        if spec is None or spec.searchable:
+            continue
+        e = plan.space.pop(param)
+        pref = plan.prefer.pop(param, None)
+        if pref is not None:
+            value, why = pref.value, f"preferred by {', '.join(pref.rules)}"
+        elif e.choices is not None:
+            value, why = next(v for v in e.choices if v not in e.exclude), f"first of {e.choices}"
+        else:
+            value, why = e.low, f"low end of [{e.low}, {e.high}]"
+        rules = list(dict.fromkeys([*(pref.rules if pref else []), *e.rules]))
+        plan.fixed[param] = FixedEntry(value=value, rules=rules, why=f"{why}; exported only, so not searched")
+        plan.resolutions.append(f"{param}: fixed to {value!r} ({why}): only an exporter reads it, so no search could "
+                                "tell its values apart")
+    return plan
 
 
 def _culprit(param: str, applied: list[_Contrib], failing: _Contrib) -> _Contrib:
