@@ -237,8 +237,10 @@ def build_tiny(out: Path, target_steps: int = 900, draft_steps: int = 500, kd_st
     import torch
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from dspark_core.checkpoint import save_model
+    from dspark_core.checkpoint import check_replaceable, save_model
 
+    for name in ("target", "draft"):  # before minutes of training, not after
+        check_replaceable(out / name)
     t0 = time.time()
     torch.set_num_threads(threads)
     files = stdlib_sources()

@@ -180,12 +180,26 @@ def hf_state_dict(model: LeanModel) -> dict[str, torch.Tensor]:
     return sd
 
 
+SAVED_FILES = frozenset({"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+
+
+def check_replaceable(path: str | Path) -> None:
+    """DSparkError unless `path` is absent, empty or a checkpoint `save_model` wrote (nothing but SAVED_FILES): a
+    folder holding anything else is not ours to replace."""
+    p = Path(path)
+    if p.exists() and (not p.is_dir() or any(f.name not in SAVED_FILES for f in p.iterdir())):
+        raise DSparkError(f"{p} holds files dspark-tune did not write; pass another output folder")
+
+
 def save_model(model: LeanModel, path: str | Path, dtype: str = "bf16", tokenizer_file: Path | None = None) -> Path:
-    """Write config.json + model.safetensors (+ tokenizer.json) atomically into folder `path`."""
+    """Write config.json + model.safetensors (+ tokenizer.json) atomically into folder `path`, replacing only a
+    checkpoint this function wrote (check_replaceable)."""
     import torch
     from safetensors.torch import save_file
 
     from dspark_core.atomic import replace_dir
+
+    check_replaceable(path)
 
     def fill(tmp: Path) -> None:
         dt = getattr(torch, DTYPES[dtype])

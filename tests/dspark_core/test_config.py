@@ -91,3 +91,18 @@ def test_atomic_writes_make_ordinary_files(tmp_path):
     finally:
         os.umask(umask)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644  # not mkstemp's 0600: a bundle is shared
+
+
+def test_save_model_replaces_only_a_checkpoint_it_wrote(tmp_path: Path) -> None:
+    from dspark_core.checkpoint import check_replaceable
+
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / "config.json").write_text("{}")
+    check_replaceable(ours)  # a checkpoint's own files: replaceable
+    check_replaceable(tmp_path / "absent")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    with pytest.raises(DSparkError, match="did not write"):
+        check_replaceable(theirs)
