@@ -23,13 +23,13 @@ from typing import Any
 from kb.errors import PlanConflict
 from kb.match import FixedEntry, Plan, SpaceEntry
 from kb.params import param_spec
-from profiler.schema import Profile
+from profiler.schema import GIB, Profile
 
 NODE = 8  # GPUs assumed when the profile has no device count
 TP_SIZES = (1, 2, 4, 8, 16, 32, 64)
 Z_LONGEST = 3.09  # the longest request the simulator draws: p99.9 of its lognormal lengths (z = 3.09, p99 at 2.326)
 DEFAULT_FRACTION = 0.85  # the engine's memory.fraction_static when no rule plans it
-GB = 1e9
+GB = GIB  # hw.memory_gb counts GiB
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from profiler.arch import ArchSpec
 from profiler.model import decode_step, kv_bytes_per_token, weight_bytes
-from profiler.schema import Derived, HwProfile, WorkloadProfile
+from profiler.schema import GIB, Derived, HwProfile, WorkloadProfile
 
 MEMORY_UTILIZATION = 0.9  # usable fraction of device memory
 TP_SIZES = (1, 2, 4, 8, 16, 32, 64)  # TP sizes considered (beyond 8: multi-node)
@@ -82,7 +82,7 @@ def verify_budget(spec: ArchSpec, peak: float, bw: float, batch: int, ctx: float
 
 
 def min_tp(need_bytes: float, memory_gb: float) -> int | None:
-    usable = memory_gb * 1e9 * MEMORY_UTILIZATION
+    usable = memory_gb * GIB * MEMORY_UTILIZATION
     return next((tp for tp in TP_SIZES if need_bytes / tp <= usable), None)
 
 
@@ -127,7 +127,7 @@ def derive(spec: ArchSpec, hw: HwProfile | None, wl: WorkloadProfile) -> Derived
         d.weights_fit_bf16 = d.min_tp_bf16 == 1
         d.weights_fit_fp8 = d.min_tp_fp8 == 1
         if d.min_tp_bf16:
-            free = d.min_tp_bf16 * hw.memory_gb * 1e9 * MEMORY_UTILIZATION - weight_bytes(spec, "bf16")
+            free = d.min_tp_bf16 * hw.memory_gb * GIB * MEMORY_UTILIZATION - weight_bytes(spec, "bf16")
             d.kv_capacity_tokens = float(int(free / kv_bytes_per_token(spec, "bf16")))
     _sglang(d, hw)
     if peak and bw:

@@ -15,7 +15,7 @@ from typing import Any
 
 from profiler.catalog import GpuEntry, gpus, resolve_gpu
 from profiler.errors import ProfileError
-from profiler.schema import HwProfile, Measured, PeakTflops
+from profiler.schema import GIB, HwProfile, Measured, PeakTflops
 
 Progress = Callable[[str], None]  # called once per finished benchmark step
 
@@ -62,7 +62,7 @@ def _cpu_facts() -> dict[str, Any]:
         vendor = "arm"
     mem_gb = 0.0
     try:
-        mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+        mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
     except (ValueError, OSError, AttributeError):
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -84,7 +84,7 @@ def detect(measure: bool = True, progress: Progress | None = None) -> HwProfile:
             hw = HwProfile(name=name, vendor="nvidia", arch=_arch_from_capability(major, minor),
                            sm=major * 10 + minor, count=count, fp8=major * 10 + minor >= 89,
                            num_sms=props.multi_processor_count, interconnect="pcie")
-        hw.memory_gb = round(props.total_memory / 1e9, 1)
+        hw.memory_gb = round(props.total_memory / GIB, 1)
         device = "cuda"
     else:
         facts = _cpu_facts()

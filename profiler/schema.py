@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+GIB = 2**30  # bytes in the GiB that hw.memory_gb counts
+
 ModelArch = Literal["dense", "moe"]
 Attention = Literal["mha", "gqa", "mqa", "mla"]
 HwArch = Literal["ampere", "ada", "hopper", "blackwell", "cdna3", "cpu"]
@@ -98,7 +100,7 @@ class HwProfile(_Strict):
     arch: HwArch | None = None  # microarchitecture family
     sm: int | None = None  # CUDA compute capability x10 (90 = sm_90); 0 for non-CUDA
     count: int | None = None  # devices available to one server (TP / EP upper bound)
-    memory_gb: float | None = None  # device memory per GPU
+    memory_gb: float | None = None  # device memory per GPU in GiB (the datasheet's "80 GB" HBM is 80 GiB)
     bandwidth_gbs: float | None = None  # datasheet memory bandwidth
     peak_tflops: PeakTflops | None = None
     fp8: bool | None = None  # native FP8 tensor cores (sm_89+, CDNA3)

@@ -72,12 +72,27 @@ def resolve_profile(database, model: str | None, gpu: str | None, workload: str 
     return save_profile(database, profile), profile
 
 
-def _default_study(profile, plan_json: dict[str, Any], mode: str, objectives: list[str], seed: int) -> str:
-    digest = hashlib.sha256(json.dumps([profile.content_hash(), plan_json.get("space"), plan_json.get("fixed"),
-                                        mode, objectives, seed], sort_keys=True, default=str).encode()).hexdigest()
+def _default_study(profile, plan_json: dict[str, Any], mode: str, objectives: list[str], seed: int,
+                   cost: str = "roofline") -> str:
+    key = [profile.content_hash(), plan_json.get("space"), plan_json.get("fixed"), mode, objectives, seed]
+    if mode == "simulate" and cost != "roofline":  # (roofline studies keep the names they had before AIC)
+        key.append(cost)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
     return "-".join([_slug(profile.model.name), _slug(profile.hw.name), _slug(profile.workload.name or
                                                                               profile.workload.domain), mode,
                      digest[:6]])
+
+
+def _cost(cost: str, profile) -> str:
+    """The cost model a new simulated study uses: --cost aic must be available, auto takes it when it is."""
+    if cost == "roofline":
+        return "roofline"
+    from tuner.aic import resolve
+
+    target, why = resolve(profile)
+    if target is None and cost == "aic":
+        raise TunerError(f"--cost aic: {why}")
+    return "aic" if target is not None else "roofline"
 
 
 def _progress_runner(db_url: str, name: str, trials: int, workers: int, timeout: float | None, quiet: bool):
@@ -118,6 +133,9 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                                                       "after this many seconds and score what it did.")] = 60.0,
          concurrency: ConcurrencyOpt = None, slo_ttft_ms: SloTtftOpt = None, slo_tpot_ms: SloTpotOpt = None,
          drafter: DrafterOpt = None,
+         cost: Annotated[str, typer.Option(help="Simulate: what prices a forward. auto (AIConfigurator's measured "
+                                                "kernels when the aic extra covers the GPU and model, else the "
+                                                "roofline), aic or roofline.")] = "auto",
          out: Annotated[Path, typer.Option(help="Bundle folder (written atomically).")] = Path("out"),
          db: DbOpt = None, rules: RulesOpt = None, as_json: JsonOpt = False) -> None:
     """Tune DSpark for a model, GPU and workload, then export the deployable bundle."""
@@ -135,6 +153,8 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
     st.directions(objectives)
     if mode not in ("auto", "simulate", "measure"):
         raise TunerError(f"--mode {mode!r}: choose auto, simulate or measure")
+    if cost not in ("auto", "aic", "roofline"):
+        raise TunerError(f"--cost {cost!r}: choose auto, aic or roofline")
     check_out(out)  # before any trial runs, not after the whole study
     if study_name is not None:
         st.check_name(study_name)
@@ -155,6 +175,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         plan_id = save_plan(database, profile_id, plan_json, plan.rule_refs())
         local = (profile.hw.arch == "cpu") or (gpu or "").lower() in LOCAL_GPUS
         chosen = mode if mode != "auto" else ("measure" if local else "simulate")
+        priced = _cost(cost, profile) if chosen == "simulate" else "roofline"
         slo = profile.workload.slo
         from importlib.metadata import PackageNotFoundError, version
 
@@ -165,8 +186,8 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         spec = st.StudySpec(profile=profile.model_dump(mode="json", exclude_none=True), profile_id=profile_id,
                             plan=plan_json, plan_id=plan_id, mode=chosen, objectives=objectives,
                             slo_ttft_ms=slo.ttft_ms if slo else None, slo_tpot_ms=slo.tpot_ms if slo else None,
-                            seed=seed, tool_version=tool, trial_seconds=trial_seconds)
-        study_name = study_name or _default_study(profile, plan_json, chosen, objectives, seed)
+                            seed=seed, tool_version=tool, trial_seconds=trial_seconds, cost=priced)
+        study_name = study_name or _default_study(profile, plan_json, chosen, objectives, seed, priced)
         st.open_study(url, study_name, spec)
     if not as_json:
         err_console.print(f"study [bold]{study_name}[/] in {_shown(url)}: Ctrl-C keeps every completed trial; "

@@ -158,6 +158,7 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
             "model": config.model.path, "drafter": {"path": drafter, "source": profile.drafter.source,
                                                    "measured": str(measured) if measured else None},
             "sps_table": "modelled" if evaluator.mode == "simulate" else "measured",
+            "cost_source": (evaluator.perf(params).cost_source if evaluator.mode == "simulate" else "measured"),
             "tool_version": spec.tool_version, "exported_at": datetime.now(timezone.utc).isoformat()},
             indent=2, default=str) + "\n")
 

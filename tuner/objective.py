@@ -60,13 +60,22 @@ class SimulateEvaluator(Evaluator):
 
     mode = "simulate"
 
-    def __init__(self, profile: Profile, n_requests: int | None = None, efficiency=None, repeats: int = 2) -> None:
+    def __init__(self, profile: Profile, n_requests: int | None = None, efficiency=None, repeats: int = 2,
+                 cost: str = "roofline") -> None:
         from tuner.perf import Efficiency, Hardware, ModelShape
 
         self.profile = profile
         self.shape = ModelShape.from_profile(profile)
         self.hw = Hardware.from_profile(profile)
-        self.eff = efficiency or Efficiency.default()
+        self.eff = efficiency or Efficiency.prior(profile.hw)
+        self.cost = cost  # "aic": price forwards from AIConfigurator's database where it covers them
+        if cost == "aic":
+            from tuner.aic import resolve
+            from tuner.errors import TunerError
+
+            target, why = resolve(profile)
+            if target is None:
+                raise TunerError(f"--cost aic: {why}")
         # six requests per client of the closed loop: throughput is read between ramp-up and drain, a window of
         # ~4 request lengths (spread over simulation seeds ~2%; ~5% with three requests per client)
         self.n_requests = n_requests or min(384, max(48, 6 * (profile.workload.concurrency or 16)))
@@ -76,18 +85,38 @@ class SimulateEvaluator(Evaluator):
         self.repeats = max(1, repeats)
 
     def perf(self, params: dict[str, Any]):  # -> PerfModel
+        """The performance model of `params`; its `cost_source` names what priced it."""
+        return self.perf_why(params)[0]
+
+    def perf_why(self, params: dict[str, Any]):  # -> tuple[PerfModel, str]
+        """The performance model of `params`, and why AIC could not price it ("" when it did or was not asked)."""
         from tuner.perf import PerfModel
 
-        return PerfModel(self.shape, self.hw, self.eff, weights_dtype=_dtype(params.get("weights.dtype"), self.profile),
+        base = PerfModel(self.shape, self.hw, self.eff, weights_dtype=_dtype(params.get("weights.dtype"), self.profile),
                          kv_dtype=_dtype(params.get("kv.dtype"), self.profile), tp=int(params.get("parallel.tp", 1)),
                          cuda_graph_max_bs=int(params.get("batch.cuda_graph_max_bs") or 0))
+        if self.cost != "aic":
+            return base, ""
+        from tuner.aic import aic_perf
+
+        return aic_perf(base, self.profile)
+
+    def cost_label(self) -> str:
+        """The cost source for reports: aic:<system>/<backend>/<version>, or roofline (with its priors)."""
+        if self.cost == "aic":
+            from tuner.aic import resolve
+
+            target, _ = resolve(self.profile)
+            if target is not None:
+                return f"{target.source()} (the roofline where it has no measurement)"
+        return f"roofline ({self.eff.source})"
 
     def describe(self) -> str:
         from tuner.acceptance import acceptance_for
 
         src = acceptance_for(self.profile, "markov").source
         return (f"simulated {self.profile.model.name or 'model'} on {self.hw.name or 'hardware'} "
-                f"(efficiencies: {self.eff.source}; acceptance {src})")
+                f"(cost: {self.cost_label()}; acceptance {src})")
 
     def evaluate(self, params: dict[str, Any], seed: int = 0) -> Evaluation:
         from tuner.acceptance import acceptance_for
@@ -104,15 +133,16 @@ class SimulateEvaluator(Evaluator):
         if int(params.get("parallel.tp", 1)) > count:
             return Evaluation({}, False, f"tp {params['parallel.tp']} exceeds the {count} devices available")
         accept = acceptance_for(self.profile, params["spec.head"], draft_layers=int(params["spec.draft_layers"]))
-        perf = self.perf(params)
+        perf, fallback = self.perf_why(params)
+        cost = perf.cost_source + (f" ({fallback})" if fallback else "")
         runs = [simulate(params, self.profile, perf, accept, n_requests=self.n_requests, seed=seed * self.repeats + i)
                 for i in range(self.repeats)]  # seed s uses samples s*k .. s*k+k-1: other seeds share none
         bad = next((r for r in runs if not r.feasible), None)
         if bad is not None:
-            return Evaluation({}, False, bad.why_infeasible, bad.extra)
+            return Evaluation({}, False, bad.why_infeasible, {**bad.extra, "cost_source": cost})
         keys = ("throughput", "tpot_p99_ms", "ttft_p99_ms", "tpot_mean_ms", "tau", "verify_tokens_per_step")
         metrics = {k: sum(getattr(r, k) for r in runs) / len(runs) for k in keys}
-        return Evaluation(metrics, True, "", {**runs[0].extra, "samples": len(runs)})
+        return Evaluation(metrics, True, "", {**runs[0].extra, "samples": len(runs), "cost_source": cost})
 
     def sps_table(self, params: dict[str, Any]):
         from tuner.simulate import sps_table

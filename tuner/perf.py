@@ -1,17 +1,25 @@
 """The performance model of one target (or drafter) forward on a piece of hardware (DESIGN.md section 5).
 
-step(B tokens, context L) = max(FLOPs / (peak * eff_c), bytes / (bandwidth * eff_m)) + overhead, where
-bytes = weights read once + KV read for every token's context + activations, FLOPs = 2 * active params *
-B + the attention term. Tensor parallelism divides both and adds two all-reduces per layer. eff_c,
-eff_m and overhead are calibrated from measurements (`calibrate`); `Efficiency.default()` is the prior
-used for hardware that is not here, and every output that uses it says so.
+Two forms of one roofline. For hardware that is not here (`Efficiency.prior`), a forward is the sum of its
+kernels, each max(FLOPs / achieved peak, bytes / achieved bandwidth) plus the kernel's floor: the GEMMs (the
+dense weights read once; a MoE layer reads only the experts its tokens touch, E(1 - (1 - k/E)^T) of them; the
+LM head in bf16), attention (each request's KV read once), the elementwise kernels, and two all-reduces per layer
+under tensor parallelism. The achieved fractions, floors and all-reduce costs are per-architecture figures read
+off measured kernel tables (catalog/roofline.yaml). For this device (`calibrate`), the aggregate form
+max(FLOPs / (peak * eff_c), bytes / (bandwidth * eff_m)) + overhead is fitted to timed forwards.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 
-from profiler.schema import Profile
+import yaml
+
+from profiler.schema import GIB, HwProfile, Profile
 
 DTYPE_BYTES = {"auto": 2.0, "fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0,
                "int8": 1.0, "int4": 0.5, "nvfp4": 0.5}
@@ -20,25 +28,100 @@ STORED_FORMAT = {"auto": "bf16", "fp32": "bf16", "fp16": "bf16", "nvfp4": "int4"
 # which datasheet peak a weight dtype computes at (weight-only int4 dequantises to bf16)
 COMPUTE_PEAK = {"auto": "bf16", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "int8": "int8",
                 "int4": "bf16", "nvfp4": "fp4"}
+PRIORS = Path(__file__).parent / "catalog" / "roofline.yaml"
+
+
+def _key(dtype: str) -> str:
+    return "fp8" if dtype in ("fp8", "fp8_e4m3", "fp8_e5m2", "int8") else "bf16"
+
+
+@dataclass(frozen=True)
+class KernelCosts:
+    """Measured kernel costs of one architecture (catalog/roofline.yaml): what a forward's kernels cost."""
+
+    gemm: tuple[tuple[str, float, float, float], ...]  # (dtype, floor s, bandwidth fraction, compute fraction)
+    attn_floor_s: float  # decode attention per layer: latency = floor + KV bytes / (fraction x bandwidth)
+    attn_memory: float
+    moe: tuple[tuple[str, int, int, int, int, float, float], ...]  # (dtype, hidden, inter, experts, topk, floor s,
+    # fraction of bandwidth on the bytes of the experts uniform routing touches), per measured expert shape
+    allreduce: tuple[tuple[int, tuple[tuple[float, float], ...]], ...]  # (TP, ((message bytes, seconds), ...))
+    arch: str = ""
+
+    def gemm_of(self, dtype: str) -> tuple[float, float, float]:
+        """(floor s, bandwidth fraction, compute fraction) of a GEMM in `dtype` (bf16's where unmeasured)."""
+        rows = {r[0]: r[1:] for r in self.gemm}
+        return rows.get(_key(dtype), rows["bf16"])
+
+    def moe_of(self, dtype: str, hidden: int, inter: float, experts: int, topk: int) -> tuple[float, float]:
+        """(floor s, bandwidth fraction) of a MoE layer: the measured expert shape nearest this one; the GEMM's
+        where the architecture has no MoE table."""
+        rows = [r for r in self.moe if r[0] == _key(dtype)] or [r for r in self.moe if r[0] == "bf16"]
+        if not rows:
+            floor, mem, _ = self.gemm_of(dtype)
+            return 2 * floor, mem
+        want = (hidden, max(1.0, inter), experts, topk)
+
+        def dist(r: tuple) -> float:
+            return sum(math.log(max(1.0, a) / max(1.0, b)) ** 2 for a, b in zip(r[1:5], want, strict=True))
+
+        best = min(rows, key=dist)
+        return best[5], best[6]
+
+    def allreduce_s(self, tp: int, nbytes: float) -> float:
+        """One all-reduce of `nbytes` over `tp` GPUs: the measured curve of the nearest TP size at or above,
+        interpolated log-log (extrapolated at the ends' slopes)."""
+        rows = sorted(self.allreduce)
+        _, curve = next((r for r in rows if r[0] >= tp), rows[-1])
+        xs = [math.log(b) for b, _ in curve]
+        ys = [math.log(t) for _, t in curve]
+        x = math.log(max(1.0, nbytes))
+        i = min(max(1, bisect.bisect_left(xs, x)), len(xs) - 1)
+        slope = (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
+        return math.exp(ys[i - 1] + slope * (x - xs[i - 1])) if x > xs[0] else math.exp(ys[0])
+
+
+@cache
+def kernel_costs(arch: str) -> KernelCosts | None:
+    """The measured kernel costs of a GPU architecture, or None when the catalogue has none."""
+    row = (yaml.safe_load(PRIORS.read_text()).get("architectures") or {}).get(arch)
+    if not row:
+        return None
+    gemm = tuple((dt, row["gemm_floor_us"][dt] * 1e-6, row["gemm_memory"][dt], row["gemm_compute"][dt])
+                 for dt in row["gemm_memory"])
+    moe = tuple((dt, int(h), int(i), int(e), int(k), f * 1e-6, frac) for dt, rows in (row.get("moe") or {}).items()
+                for h, i, e, k, f, frac in rows)
+    ar = tuple((int(tp), tuple((float(b), us * 1e-6) for b, us in pts)) for tp, pts in row["allreduce_us"].items())
+    return KernelCosts(gemm, row["attn"][0] * 1e-6, row["attn"][1], moe, ar, arch)
 
 
 @dataclass(frozen=True)
 class Efficiency:
     """Fractions of datasheet peaks reached, plus fixed costs; calibrated per device."""
 
-    compute: float = 0.55  # achieved / peak tensor FLOPs on large GEMMs
-    memory: float = 0.80  # achieved / datasheet bandwidth on streaming reads
+    compute: float = 0.55  # achieved / peak tensor FLOPs on large GEMMs (aggregate form)
+    memory: float = 0.80  # achieved / datasheet bandwidth on streaming reads (aggregate form)
     overhead_s: float = 2.5e-5  # per forward: launch, scheduling, sampling (with CUDA graphs)
     per_layer_s: float = 4.0e-6  # per decoder layer: kernel launches that graphs do not hide
     round_s: float = 0.0  # per engine round (host-side scheduling, verification, bookkeeping); 0 on GPU priors
     round_request_s: float = 0.0  # per running request and engine round (host-side per-request work)
     draft_scale: float = 1.0  # measured / modelled drafter forward time (calibrated on a real drafter)
     draft_request_s: float = 0.0  # per drafting request and drafter call: host-side per-request drafter work
-    source: str = "prior"  # "prior" or "calibrated: <how>"
+    kernels: KernelCosts | None = None  # per-kernel costs of the architecture: the per-op form; None: aggregate
+    source: str = "prior"  # "prior", "prior: <arch> kernel tables" or "calibrated: <how>"
 
     @staticmethod
     def default() -> Efficiency:
         return Efficiency()
+
+    @staticmethod
+    def prior(hw: HwProfile) -> Efficiency:
+        """The prior for hardware that is not here: its architecture's measured kernel costs when catalogued."""
+        k = kernel_costs(hw.arch or "")
+        if k is None:
+            return Efficiency()
+        _, memory, compute = k.gemm_of("bf16")
+        return Efficiency(compute=compute, memory=memory, kernels=k,
+                          source=f"prior: {k.arch} kernel tables (tuner/catalog/roofline.yaml)")
 
 
 @dataclass(frozen=True)
@@ -54,6 +137,15 @@ class ModelShape:
     vocab: int
     stored_bytes: tuple[tuple[str, float], ...] = ()  # the profile's weight bytes per format (bf16, fp8, int8,
     # int4: embeddings stay bf16, quantised layers carry their scales); empty: params x bytes per weight
+    embed_in: float = 0.0  # input-embedding parameters a forward does not read (0 when tied to the LM head)
+    lm_head: float = 0.0  # LM-head parameters (vocab x hidden), read in bf16 every forward
+    num_experts: int = 0  # routed experts per MoE layer (0: dense)
+    experts_per_token: int = 0  # routed experts each token picks
+    expert_params: float = 0.0  # parameters of one routed expert
+    num_moe_layers: int = 0  # layers with a routed MLP
+    kv_shards: int = 0  # how many ways TP can split the KV (KV heads; 1 for MLA's latent); 0: any
+    mlp_width: int = 0  # intermediate activations per token per layer (dense MLP, or k x expert width)
+    expert_width: int = 0  # one routed expert's intermediate width (moe_intermediate_size)
 
     @staticmethod
     def from_profile(p: Profile) -> ModelShape:
@@ -70,8 +162,27 @@ class ModelShape:
               2 * m.num_layers * (m.num_kv_heads or heads) * hd * 2)
         stored = tuple((k, float(v)) for k, v in (m.weight_bytes.model_dump().items() if m.weight_bytes else ())
                        if v)
+        lm = float(m.vocab_size * m.hidden_size)
+        embed = 0.0 if m.tied_embeddings else float(m.params_embedding or 0.0)
+        k = int(m.experts_per_token or 0)
+        width = (k * (m.intermediate_size or 0)) if m.num_experts else (m.intermediate_size or 0)
+        shards = 1 if m.attention == "mla" else int(m.num_kv_heads or 0)
         return ModelShape(m.params_active, m.params_total, m.num_layers, m.hidden_size, heads * hd, kv,
-                          m.vocab_size, stored)
+                          m.vocab_size, stored, embed, lm, int(m.num_experts or 0), k, float(m.expert_params or 0.0),
+                          int(m.num_moe_layers or 0), shards, int(width),
+                          int(m.intermediate_size or 0) if m.num_experts else 0)
+
+    def experts_touched(self, tokens: int) -> float:
+        """Expected distinct experts `tokens` tokens route to in one MoE layer (uniform top-k routing)."""
+        e, k = self.num_experts, self.experts_per_token
+        return e * (1.0 - (1.0 - k / e) ** max(1, tokens)) if e and k else 0.0
+
+    def weight_params_read(self, tokens: int) -> tuple[float, float]:
+        """(quantisable matrix parameters, bf16 LM-head parameters) a forward of `tokens` tokens reads."""
+        routed_active = self.num_moe_layers * self.experts_per_token * self.expert_params
+        dense = max(0.0, self.params_active - self.embed_in - self.lm_head - routed_active)
+        routed = self.num_moe_layers * self.experts_touched(tokens) * self.expert_params
+        return dense + routed, self.lm_head
 
 
 @dataclass(frozen=True)
@@ -111,7 +222,7 @@ class Hardware:
         link = (hw.interconnect or "").lower()
         ic = (hw.interconnect_gbs or (450.0 if "nvlink" in link else 32.0)) * 1e9
         lat = 8e-6 if "nvlink" in link or "xgmi" in link else 25e-6
-        return Hardware(peaks, bw, (hw.memory_gb or 16.0) * 1e9, ic, lat, hw.name or "", measured)
+        return Hardware(peaks, bw, (hw.memory_gb or 16.0) * GIB, ic, lat, hw.name or "", measured)
 
 
 @dataclass(frozen=True)
@@ -120,6 +231,7 @@ class StepCost:
     flops: float
     bytes: float
     bound: str  # "compute" | "memory"
+    parts: tuple[tuple[str, float], ...] = ()  # seconds per kernel class (gemm, attention, elementwise, ...)
 
 
 @dataclass
@@ -134,6 +246,11 @@ class PerfModel:
     tp: int = 1
     cuda_graph_max_bs: int = 0  # forwards with at most this many tokens skip the per-layer launch cost
 
+    @property
+    def cost_source(self) -> str:
+        """What priced this model's forwards (reports and provenance name it)."""
+        return "measured" if self.eff.source.startswith("calibrated") else "roofline"
+
     def weight_bytes(self) -> float:
         """Bytes the weights occupy: the profile's figure for the format when it has one (profiler/model.py)."""
         key = STORED_FORMAT.get(self.weights_dtype, self.weights_dtype)
@@ -147,10 +264,12 @@ class PerfModel:
 
     def step(self, tokens: int, context: float, requests: int = 1) -> StepCost:
         """One target forward over `tokens` new tokens of `requests` requests at mean `context`."""
+        if self.eff.kernels is not None:
+            return self._kernel_step(tokens, context, requests, self.eff.kernels)
         s, tp = self.shape, self.tp
         flops = 2.0 * s.params_active * tokens + 4.0 * s.num_layers * s.attn_width * context * tokens
-        weight_read = s.params_active if tokens == 1 else min(s.params_total, s.params_active * max(1, tokens))
-        bytes_ = (weight_read * DTYPE_BYTES.get(self.weights_dtype, 2.0)
+        quant, lm = s.weight_params_read(tokens)
+        bytes_ = ((quant + lm) * DTYPE_BYTES.get(self.weights_dtype, 2.0)
                   + requests * context * self.kv_bytes_per_token()
                   + tokens * s.hidden * 2.0 * 4 * s.num_layers)
         # a weight format without a peak of its own on this GPU runs weight-only (FP8 on Ampere: Marlin W8A16)
@@ -161,10 +280,55 @@ class PerfModel:
         if tp > 1:
             per = 2.0 * tokens * s.hidden * 2.0 * (tp - 1) / tp
             comm = 2 * s.num_layers * (self.hw.allreduce_latency_s + per / self.hw.interconnect_bw)
+        return StepCost(max(t_c, t_m) + comm + self._launch(tokens), flops, bytes_,
+                        "compute" if t_c > t_m else "memory")
+
+    def _launch(self, tokens: int) -> float:
         launch = self.eff.overhead_s
         if not (self.cuda_graph_max_bs and tokens <= self.cuda_graph_max_bs):
-            launch += self.eff.per_layer_s * s.num_layers
-        return StepCost(max(t_c, t_m) + comm + launch, flops, bytes_, "compute" if t_c > t_m else "memory")
+            launch += self.eff.per_layer_s * self.shape.num_layers
+        return launch
+
+    def _kernel_step(self, tokens: int, context: float, requests: int, k: KernelCosts) -> StepCost:
+        """The forward as the sum of its kernels: dense GEMMs, MoE experts, LM head, attention, elementwise,
+        all-reduces; each max(compute, floor + bytes at the measured fraction of bandwidth)."""
+        s, tp, hw, dt = self.shape, self.tp, self.hw, self.weights_dtype
+        layers, moe_layers = s.num_layers, s.num_moe_layers
+        peak_w = hw.peak_flops.get(COMPUTE_PEAK.get(dt, "bf16")) or hw.peak_flops["bf16"]
+        peak_b, bw, wb = hw.peak_flops["bf16"], hw.bandwidth, DTYPE_BYTES.get(dt, 2.0)
+        if peak_w <= peak_b:  # no tensor cores of the dtype's own (FP8 on Ampere): weight-only, at bf16's kernels
+            dt = "bf16" if _key(dt) == "fp8" else dt
+        floor, mem, comp = k.gemm_of(dt)
+        floor_b, mem_b, comp_b = k.gemm_of("bf16")
+        quant, lm = s.weight_params_read(tokens)
+        routed = moe_layers * s.experts_touched(tokens) * s.expert_params  # expert weights the tokens touch
+        dense = quant - routed
+        t_dense = max(2.0 * tokens * dense / tp / (peak_w * comp),
+                      (4 * layers + moe_layers) * floor + dense * wb / tp / (bw * mem))  # qkv, o, up, down, router
+        t_lm = max(2.0 * tokens * lm / tp / (peak_b * comp_b), floor_b + lm * 2.0 / tp / (bw * mem_b))
+        t_moe = 0.0
+        if moe_layers:
+            m_floor, m_mem = k.moe_of(dt, s.hidden, s.expert_width / tp, s.num_experts, s.experts_per_token)
+            active = moe_layers * s.experts_per_token * s.expert_params
+            t_moe = max(2.0 * tokens * active / tp / (peak_w * comp),
+                        moe_layers * m_floor + routed * wb / tp / (bw * m_mem))
+        shards = min(tp, s.kv_shards) if s.kv_shards else tp
+        kv = requests * context * self.kv_bytes_per_token() / shards
+        attn_flops = 4.0 * layers * s.attn_width * context * tokens / tp
+        t_attn = max(attn_flops / (peak_b * comp_b), layers * k.attn_floor_s + kv / (bw * k.attn_memory))
+        elem_bytes = tokens * layers * (8.0 * s.hidden + 3.0 * s.mlp_width / tp) * 2.0
+        t_elem = (3 * layers + 1) * floor_b + elem_bytes / (bw * mem_b)  # 2 add-norms + activation per layer
+        t_comm = (2 * layers + 1) * k.allreduce_s(tp, tokens * s.hidden * 2.0) if tp > 1 else 0.0
+        parts = (("gemm", t_dense + t_lm), ("moe", t_moe), ("attention", t_attn), ("elementwise", t_elem),
+                 ("allreduce", t_comm), ("launch", self._launch(tokens)))
+        flops = 2.0 * tokens * (dense + lm + moe_layers * s.experts_per_token * s.expert_params) / tp + attn_flops
+        bytes_ = (quant * wb + lm * 2.0) / tp + kv + elem_bytes
+        compute_bound = 2.0 * tokens * dense / tp / (peak_w * comp) > dense * wb / tp / (bw * mem)
+        return StepCost(sum(v for _, v in parts), flops, bytes_, "compute" if compute_bound else "memory", parts)
+
+    def prefill(self, tokens: int, prompt: float, requests: int = 1) -> StepCost:
+        """One prefill forward: `tokens` new prompt tokens of `requests` requests whose prompts are `prompt` long."""
+        return self.step(tokens, prompt / 2, requests)
 
     def draft_step(self, requests: int, gamma: int, context: float, draft_layers: int, head: str,
                    markov_rank: int = 256) -> float:

@@ -164,7 +164,7 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
             longest = max(r.prompt for r in admitted)
             while total > 0:
                 step = min(total, chunk)
-                t += perf.step(step, (longest if bundled else ctx0) / 2, len(admitted)).seconds
+                t += perf.prefill(step, longest if bundled else ctx0, len(admitted)).seconds
                 total -= step
             t += round_s + round_req_s * len(admitted)
             host_rounds, host_req_rounds = host_rounds + 1, host_req_rounds + len(admitted)

@@ -48,6 +48,7 @@ class StudySpec(BaseModel):
     plan: dict[str, Any]  # the kb Plan as JSON
     plan_id: int | None = None
     mode: Literal["simulate", "measure"] = "simulate"
+    cost: Literal["roofline", "aic"] = "roofline"  # simulate: what prices a forward (tuner/perf.py, tuner/aic.py)
     objectives: list[str] = ["throughput", "tpot_p99"]
     slo_ttft_ms: float | None = None  # p99 TTFT limit (constraint)
     slo_tpot_ms: float | None = None  # p99 TPOT limit (constraint)
@@ -168,7 +169,7 @@ def directions(objectives: list[str]) -> list[str]:
 
 def make_evaluator(spec: StudySpec) -> Evaluator:
     if spec.mode == "simulate":
-        return SimulateEvaluator(spec.profile_model(), n_requests=spec.n_requests)
+        return SimulateEvaluator(spec.profile_model(), n_requests=spec.n_requests, cost=spec.cost)
     from tuner.measure import MeasureEvaluator
 
     return MeasureEvaluator(spec.profile_model(), trial_limit_s=spec.trial_seconds)
@@ -205,6 +206,9 @@ def open_study_checked(study, name: str, spec: StudySpec | None):  # -> optuna.S
                              or spec.objectives != stored.objectives):
         raise TunerError(f"study {name!r} exists with another profile, mode or objectives; resume it "
                          "with --study and no --model/--gpu/--objective, or pick a new --study name")
+    if spec is not None and spec.mode == "simulate" and spec.cost != stored.cost:
+        raise TunerError(f"study {name!r} was simulated with the {stored.cost} cost model, this run would use "
+                         f"{spec.cost}; resume it with --cost {stored.cost} or pick a new --study name")
     return study
 
 
@@ -278,6 +282,8 @@ def objective_fn(space: SearchSpace, evaluator: Evaluator, spec: StudySpec, targ
         ev = evaluator.evaluate(params, seed=spec.seed)
         trial.set_user_attr("mode", evaluator.mode)
         trial.set_user_attr("feasible", ev.feasible)
+        if ev.extra.get("cost_source"):  # what priced this trial's forwards (aic:..., roofline, measured)
+            trial.set_user_attr("cost_source", ev.extra["cost_source"])
         for key, value in slo_constraints(ev, spec.slo_tpot_ms, spec.slo_ttft_ms).items():
             trial.set_constraint(key, value)
         if not ev.feasible:

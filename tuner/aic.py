@@ -1,0 +1,263 @@
+"""AIConfigurator's measured kernel database as the simulator's cost source (the optional `aic` extra).
+
+When aiconfigurator-core (the pinned version of tuner/catalog/aic.yaml) is installed and it has measured the
+GPU, the model's architecture and the dtypes, every forward the simulator prices is a sum of AIC's per-op
+latencies: the GEMMs, MoE and all-reduces at M = the forward's tokens, attention at the real batch of
+requests and context. A DSpark verify step is the target's decode op list at M = B x (gamma + 1) tokens with
+attention over B requests (the verify kernel reads each request's KV once for all its query rows); the
+drafter is the same per-layer ops at M = B x gamma scaled to its depth, the LM head at B x gamma rows, and the
+sequential head as gamma dependent GEMMs of B rows. Anything AIC cannot price falls back to the roofline with
+the reason, so `cost_source` always says which one produced a figure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from profiler.schema import Profile
+from tuner.perf import PerfModel, StepCost
+
+CATALOG = Path(__file__).parent / "catalog" / "aic.yaml"
+PREFILL_ROWS = 64  # a forward with more new tokens per request than this is a prefill (context ops)
+CTX_STRIDE = 16  # contexts are priced on this grid (AIC interpolates between measured points anyway)
+
+
+@cache
+def catalog() -> dict[str, Any]:
+    return yaml.safe_load(CATALOG.read_text())
+
+
+def installed_version() -> str | None:
+    """The installed aiconfigurator-core version, or None when the extra is absent."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(catalog()["package"])
+    except PackageNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class AicTarget:
+    """What AIC needs to compile the model for one deployment."""
+
+    model_path: str  # a Hugging Face id AIC bundles, or a folder holding config.json
+    system: str  # AIC system name, e.g. h100_sxm
+    database: str  # the system's SGLang database version
+    backend: str = "sglang"
+
+    def source(self) -> str:
+        return f"aic:{self.system}/{self.backend}/{self.database}"
+
+
+def _hf_id(source: str | None) -> str | None:
+    if source and source.startswith("https://huggingface.co/"):
+        parts = source.removeprefix("https://huggingface.co/").split("/")
+        if len(parts) >= 2:
+            return f"{parts[0]}/{parts[1]}"
+    return None
+
+
+def _model_path(profile: Profile) -> str | None:
+    """A model path AIC reads without the network: its bundled config, the profiled folder, or the catalogue row
+    written to our cache folder."""
+    from aiconfigurator_core.sdk.common import DefaultHFModels
+
+    src = profile.model.source
+    hf = _hf_id(src)
+    if hf and hf in DefaultHFModels:
+        return hf
+    if src and Path(src).is_dir() and (Path(src) / "config.json").is_file():
+        return src
+    from profiler.catalog import models
+
+    entry = next((m for m in models() if m.name == profile.model.name), None)
+    if entry is None:
+        return None
+    folder = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dspark-tune" / "aic" / entry.name
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = folder / "config.json"
+    text = json.dumps(entry.config, indent=2, sort_keys=True) + "\n"
+    if not cfg.is_file() or cfg.read_text() != text:
+        tmp = cfg.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(cfg)
+    return str(folder)
+
+
+def resolve(profile: Profile) -> tuple[AicTarget | None, str]:
+    """The AIC target for this profile, or None and why AIC cannot price it."""
+    cat = catalog()
+    have = installed_version()
+    if have is None:
+        return None, f"{cat['package']} is not installed (pip install -e \".[aic]\")"
+    if have != cat["version"]:
+        return None, f"{cat['package']} {have} is installed; this tool reads the {cat['version']} API"
+    row = cat["systems"].get(profile.hw.name or "")
+    if row is None:
+        return None, f"AIC has no measured system for {profile.hw.name or 'this hardware'}"
+    path = _model_path(profile)
+    if path is None:
+        return None, f"AIC cannot read the architecture of {profile.model.name or 'this model'}"
+    return AicTarget(path, row["system"], row["database"], cat["backend"]), ""
+
+
+class _Handle:
+    """One compiled AIC engine (model x system x parallelism x dtypes) and its cached per-op queries."""
+
+    def __init__(self, target: AicTarget, tp: int, weights: str, kv: str, moe: bool) -> None:
+        from aiconfigurator_core.sdk.engine import EngineHandle
+
+        cat = catalog()
+        kwargs: dict[str, Any] = {"tp_size": tp, "backend_version": target.database,
+                                  "gemm_quant_mode": cat["gemm_quant"][weights],
+                                  "kvcache_quant_mode": cat["kv_quant"][kv]}
+        if moe:  # SGLang's default MoE layout: experts tensor-parallel over the TP group, no EP
+            kwargs |= {"moe_tp_size": tp, "moe_ep_size": 1, "moe_quant_mode": cat["moe_quant"][weights]}
+        self.engine = EngineHandle.compile(target.model_path, target.system, target.backend, **kwargs)
+        names = [op[0] for op in self.engine.decode_step_per_op(1, 16, 2)]
+        self.gen_all = list(range(len(names)))
+        self.gen_names = names
+        self.ctx_all = list(range(len(self.engine.run_static_per_op(batch_size=1, isl=16, osl=2)[0])))
+        self._memo: dict[tuple, float] = {}
+
+    def decode_ms(self, rows: int, requests: int, context: int) -> float:
+        """A decode / verify forward: `rows` tokens through every op, attention over `requests` at `context`."""
+        key = ("d", rows, requests, context)
+        if key not in self._memo:
+            ops = self.engine.evaluate_generation_ops(self.gen_all, batch_size=requests, s=context,
+                                                      x=rows if rows != requests else None)
+            self._memo[key] = sum(op[1] for op in ops)
+        return self._memo[key]
+
+    def decode_ops(self, rows: int, requests: int, context: int) -> list[tuple[str, float]]:
+        ops = self.engine.evaluate_generation_ops(self.gen_all, batch_size=requests, s=context,
+                                                  x=rows if rows != requests else None)
+        return [(op[0], op[1]) for op in ops]
+
+    def prefill_ms(self, requests: int, prompt: int) -> float:
+        key = ("p", requests, prompt)
+        if key not in self._memo:
+            ops = self.engine.evaluate_context_ops(self.ctx_all, batch_size=requests, s=prompt)
+            self._memo[key] = sum(op[1] for op in ops)
+        return self._memo[key]
+
+    def gemm_ms(self, rows: int, n: int, k: int) -> float:
+        """One bf16 GEMM of `rows` x k by k x n (the drafter's sequential head)."""
+        key = ("g", rows, n, k)
+        if key not in self._memo:
+            from aiconfigurator_core.sdk import common
+            from aiconfigurator_core.sdk import operations as ops
+            from aiconfigurator_core.sdk.engine import build_ops_json
+
+            spec = build_ops_json([ops.GEMM("head", 1, n, k, common.GEMMQuantMode.bfloat16)])
+            self._memo[key] = sum(v[1] for v in self.engine.evaluate_ops_json(spec, is_context=False,
+                                                                              batch_size=rows, s=1))
+        return self._memo[key]
+
+
+_HANDLES: dict[tuple, _Handle] = {}
+
+
+def handle(target: AicTarget, tp: int, weights: str, kv: str, moe: bool) -> _Handle:
+    """The compiled engine for this choice, compiled once per process (a compile costs ~1 s, a query ~20 us)."""
+    key = (target, tp, weights, kv, moe)
+    if key not in _HANDLES:
+        _HANDLES[key] = _Handle(target, tp, weights, kv, moe)
+    return _HANDLES[key]
+
+
+def unsupported(target: AicTarget, weights: str, kv: str) -> str:
+    """Why AIC's database cannot price these dtypes on this system ("" when it can)."""
+    cat = catalog()
+    if weights not in cat["gemm_quant"]:
+        return f"AIC's SGLang database has no {weights} GEMMs"
+    if kv not in cat["kv_quant"]:
+        return f"AIC's SGLang database has no {kv} KV cache"
+    have = _measured_dtypes(target.system, target.database)
+    if cat["gemm_quant"][weights] not in have:
+        return f"AIC has not measured {weights} GEMMs on {target.system}"
+    return ""
+
+
+@cache
+def _measured_dtypes(system: str, database: str) -> frozenset[str]:
+    import aiconfigurator_core
+    import pyarrow.parquet as pq
+
+    root = Path(aiconfigurator_core.__file__).parent / "systems" / "data" / system / "gemm" / "sglang" / database
+    files = list(root.glob("*.parquet"))
+    return frozenset(str(v) for f in files for v in pq.read_table(f, columns=["gemm_dtype"]).column(0).unique()
+                     .to_pylist())
+
+
+@dataclass
+class AicPerfModel(PerfModel):
+    """PerfModel whose forwards are priced from AIC's database; roofline terms stay for what AIC lacks."""
+
+    aic: _Handle | None = None
+    target: AicTarget | None = None
+    _ctx_round: int = field(default=CTX_STRIDE, repr=False)
+
+    @property
+    def cost_source(self) -> str:
+        assert self.target is not None
+        return self.target.source()
+
+    def _ctx(self, context: float) -> int:
+        return max(1, int(round(context / self._ctx_round)) * self._ctx_round)
+
+    def step(self, tokens: int, context: float, requests: int = 1) -> StepCost:
+        assert self.aic is not None
+        requests = max(1, min(requests, tokens))
+        if tokens / requests > PREFILL_ROWS:
+            return self.prefill(tokens, 2.0 * context, requests)
+        ms = self.aic.decode_ms(tokens, requests, self._ctx(context))
+        return StepCost(ms / 1e3 + self.eff.overhead_s, 0.0, 0.0, "aic")
+
+    def prefill(self, tokens: int, prompt: float, requests: int = 1) -> StepCost:
+        assert self.aic is not None
+        requests = max(1, min(requests, tokens))
+        ms = self.aic.prefill_ms(requests, max(1, math.ceil(tokens / requests)))
+        return StepCost(ms / 1e3 + self.eff.overhead_s, 0.0, 0.0, "aic")
+
+    def draft_step(self, requests: int, gamma: int, context: float, draft_layers: int, head: str,
+                   markov_rank: int = 256) -> float:
+        """The drafter: `draft_layers` of the target's layer ops at B x gamma rows (attention over the B requests'
+        context), the LM head at B x gamma rows, then gamma sequential head GEMMs of B rows."""
+        assert self.aic is not None
+        s = self.shape
+        rows = requests * gamma
+        ops = self.aic.decode_ops(rows, requests, self._ctx(context))
+        head_ms = sum(ms for name, ms in ops if "logits" in name)
+        layer_ms = sum(ms for name, ms in ops if "logits" not in name and "embedding" not in name)
+        t = (layer_ms * draft_layers / s.num_layers + head_ms) / 1e3 + self.eff.overhead_s
+        if head != "none":
+            width = markov_rank * (2 if head == "rnn" else 1)
+            t += gamma * self.aic.gemm_ms(requests, s.vocab, width) / 1e3
+        return t * self.eff.draft_scale + self.eff.draft_request_s * requests
+
+
+def aic_perf(base: PerfModel, profile: Profile) -> tuple[PerfModel, str]:
+    """`base` re-priced from AIC's database when it covers the profile and the dtypes; else `base` and why not."""
+    target, why = resolve(profile)
+    if target is None:
+        return base, why
+    why = unsupported(target, base.weights_dtype, base.kv_dtype)
+    if why:
+        return base, why
+    moe = bool(profile.model.num_experts)
+    try:
+        h = handle(target, base.tp, base.weights_dtype, base.kv_dtype, moe)
+    except Exception as exc:  # AIC refuses a layout (e.g. heads not divisible by TP): price it by the roofline
+        return base, f"AIC cannot compile {profile.model.name} at tp {base.tp}: {str(exc).splitlines()[0][:160]}"
+    return AicPerfModel(base.shape, base.hw, base.eff, base.weights_dtype, base.kv_dtype, base.tp,
+                        base.cuda_graph_max_bs, aic=h, target=target), ""
