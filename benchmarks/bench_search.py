@@ -211,7 +211,7 @@ def free_space(plan, held: dict[str, Any] | None = None) -> Any:
 
 
 def make_case(model: str, gpu: str, workload: str, n_requests: int | None = None,
-              rules: list[Any] | None = None, sim_seed: int = 0) -> Case:
+              rules: list[Any] | None = None, sim_seed: int = 0, cost: str = "roofline") -> Case:
     from kb.match import match_profile
     from profiler.build import build_profile
     from tuner.objective import SimulateEvaluator
@@ -221,7 +221,11 @@ def make_case(model: str, gpu: str, workload: str, n_requests: int | None = None
     plan = match_profile(rules if rules is not None else load_rules_stored(), profile)
     slo = profile.workload.slo
     held, cap = checkpoint_held(profile)
-    scorer = Scorer(SimulateEvaluator(profile, n_requests=n_requests or None), slo.tpot_ms if slo else None,
+    if cost == "aic":  # the aic extra prices this case only where AIC has measured the GPU and the model
+        from tuner.aic import resolve
+
+        cost = "aic" if resolve(profile)[0] is not None else "roofline"
+    scorer = Scorer(SimulateEvaluator(profile, n_requests=n_requests or None, cost=cost), slo.tpot_ms if slo else None,
                     slo.ttft_ms if slo else None, sim_seed, held, cap)
     rule_space = space_from_plan(plan)
     for k, v in held.items():
@@ -389,12 +393,13 @@ class CaseResult:
     excluded: list[str]  # rule-space restrictions that exclude the optimum's value
     rule_space_best: float  # best score found inside the rule-guided space (rule_space_best)
     seen_max: float  # best score of any configuration evaluated by any method
+    cost_source: str = "roofline"  # what priced the case's forwards
 
 
 def run_case(args: tuple) -> CaseResult:
-    (model, gpu, workload), n_requests, seeds, rule_cap, default_cap, target, sim_seed = args
+    (model, gpu, workload), n_requests, seeds, rule_cap, default_cap, target, sim_seed, cost = args
     t0 = time.time()
-    case = make_case(model, gpu, workload, n_requests, sim_seed=sim_seed)
+    case = make_case(model, gpu, workload, n_requests, sim_seed=sim_seed, cost=cost)
     opt = reference_optimum(case)
     in_rules, in_rules_at = rule_space_best(case, opt)
     opt = refine_optimum(case, opt, in_rules_at)
@@ -408,7 +413,7 @@ def run_case(args: tuple) -> CaseResult:
         [c[-1] / opt.value if opt.value else 0.0 for c in rule_curves],
         [c[-1] / opt.value if opt.value else 0.0 for c in default_curves],
         case.scorer.calls, time.time() - t0, excluded_by_rules(case, opt.params), in_rules,
-        max(v for v, _ in case.scorer.memo.values()))
+        max(v for v, _ in case.scorer.memo.values()), case.scorer.evaluator.perf(opt.params).cost_source)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -426,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sim-seed", type=int, default=0,
                     help="the simulator's seed (request sample) for every evaluation, optimum included: another "
                          "seed is another landscape, to check that the result does not hinge on one")
+    ap.add_argument("--cost", choices=["roofline", "aic"], default="roofline",
+                    help="what prices a forward: the roofline, or AIConfigurator's database where it covers the case "
+                         "(the aic extra; its table goes to its own RESULTS.md section)")
     ap.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md")
     opts = ap.parse_args(argv)
     from multiprocessing import get_context
@@ -433,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.progress import Progress
 
     t0 = time.time()
-    work = [(c, opts.requests, opts.seeds, opts.rule_cap, opts.default_cap, opts.target, opts.sim_seed)
+    work = [(c, opts.requests, opts.seeds, opts.rule_cap, opts.default_cap, opts.target, opts.sim_seed, opts.cost)
             for c in CASES[: opts.cases]
             if opts.only in " / ".join(c)]
     if not work:
@@ -468,9 +476,16 @@ def main(argv: list[str] | None = None) -> int:
         body = render(ordered, opts, cmd.strip(), time.time() - t0, head, GRID, POLISH)
     else:
         body = render_seed(ordered, opts, cmd.strip(), time.time() - t0, head)
+    if opts.cost == "aic":
+        covered = [r.name for r in ordered if r.cost_source.startswith("aic:")]
+        body = (f"Cost source: AIConfigurator's SGLang database (tuner/aic.py) for {', '.join(covered) or 'no case'}; "
+                "the roofline for the others. Same method as the roofline table; compare each case's optimum "
+                "there.\n\n" + body)
     print(body)
     if opts.write:
-        if opts.sim_seed == 0:
+        if opts.cost == "aic":
+            write_named_section(f"bench_search_aic{'' if opts.sim_seed == 0 else opts.sim_seed}", body)
+        elif opts.sim_seed == 0:
             write_section(body)
         else:  # a section of its own per seed, after the headline's reading
             write_named_section(f"bench_search_sim{opts.sim_seed}", body)

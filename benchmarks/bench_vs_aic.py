@@ -154,13 +154,60 @@ def run(only: str | None) -> dict[str, Any]:
                      "sim_aic": static_estimate(sim, batch, isl, osl),
                      "per_op_ratio": per_op_check(sim, batch, isl)})
         r = rows[-1]
-        print(f"{label:44s} aic {r['aic']['tpot_ms']:7.2f} ms  roofline x{r['roofline']['tpot_ms'] / r['aic']['tpot_ms']:.3f}"
-              f"  sim-aic x{r['sim_aic']['tpot_ms'] / r['aic']['tpot_ms']:.3f}  per-op x{r['per_op_ratio']:.4f}",
-              flush=True)
+        aic = r["aic"]["tpot_ms"]
+        print(f"{label:44s} aic {aic:7.2f} ms  roofline x{r['roofline']['tpot_ms'] / aic:.3f}"
+              f"  sim-aic x{r['sim_aic']['tpot_ms'] / aic:.3f}  per-op x{r['per_op_ratio']:.4f}", flush=True)
     out = {"rows": rows, "skipped": skipped, "roofline": summarise(rows, "roofline") if rows else {},
            "sim_aic": summarise(rows, "sim_aic") if rows else {},
            "per_op_max_dev": max((abs(r["per_op_ratio"] - 1) for r in rows), default=float("nan"))}
     return out
+
+
+# AIC models DSpark for one architecture (aiconfigurator_core.sdk.common.DSPARK_ARCHITECTURES, block size
+# DSPARK_NEXTN = 7): Kimi-K3, measured for SGLang on B200 (its support matrix passes b200_sxm / sglang 0.5.14)
+SPEC = {"model": "moonshotai/Kimi-K3", "system": "b200_sxm", "database": "0.5.14", "tp": 8, "moe_ep": 8,
+        "gamma": 7, "draft_layers": 5, "context": 4096, "batches": [1, 8, 32]}
+
+
+def speculation() -> dict[str, Any]:
+    """A DSpark verify step in AIC's own terms against ours, on AIC's compiled Kimi-K3.
+
+    AIC (nextn = gamma): every generation op at batch x (gamma + 1) rows, attention included, plus its 5-layer
+    dense GQA draft model. Ours (tuner/aic.py on the same database, nextn = 0): the target ops at B x (gamma + 1)
+    rows with attention over the B requests' KV, plus the drafter as draft_layers of the target's layer ops."""
+    from aiconfigurator_core.sdk.engine import EngineHandle
+
+    from tuner.aic import AicTarget, handle
+
+    s = SPEC
+    kw = {"tp_size": s["tp"], "moe_tp_size": 1, "moe_ep_size": s["moe_ep"], "backend_version": s["database"]}
+    theirs = EngineHandle.compile(s["model"], s["system"], "sglang", nextn=s["gamma"], **kw)
+    target = AicTarget(s["model"], s["system"], s["database"])
+    ours = handle(target, s["tp"], "checkpoint", "checkpoint", True, moe_ep=s["moe_ep"])
+    from aiconfigurator_core.sdk.utils import get_model_config_from_model_path
+
+    layers = int(get_model_config_from_model_path(s["model"])["layers"])
+    rows = []
+    g, ctx = s["gamma"], s["context"]
+    for b in s["batches"]:
+        ops = theirs.decode_step_per_op(b, ctx - 1, 2)
+        draft = sum(o[1] for o in ops if o[0].removeprefix("generation_").startswith("draft_"))
+        aic_target = sum(o[1] for o in ops) - draft
+        aic_attn = sum(o[1] for o in ops if o[0] == "generation_attention")
+        verify = ours.decode_ms(b * (g + 1), b, ctx)
+        our_ops = ours.decode_ops(b * (g + 1), b, ctx)
+        our_attn = sum(ms for n, ms in our_ops if n == "generation_attention")
+        plain = ours.decode_ms(b, b, ctx)
+        d_ops = ours.decode_ops(b * g, b, ctx)  # our drafter: draft_layers of the target's layers at B x gamma rows
+        our_draft = (sum(ms for n, ms in d_ops if "logits" not in n and "embedding" not in n) * s["draft_layers"]
+                     / layers + sum(ms for n, ms in d_ops if "logits" in n))
+        rows.append({"batch": b, "aic_verify_target_ms": aic_target, "aic_draft_ms": draft,
+                     "aic_attention_ms": aic_attn, "ours_verify_ms": verify, "ours_attention_ms": our_attn,
+                     "ours_draft_ms": our_draft, "plain_decode_ms": plain})
+        print(f"Kimi-K3 B{b:<3d} verify (gamma {g}): AIC {aic_target:7.2f} ms (attention {aic_attn:5.2f}) + draft "
+              f"{draft:5.2f} | ours {verify:7.2f} ms (attention {our_attn:5.2f}) + draft {our_draft:5.2f}; "
+              f"plain decode {plain:6.2f} ms")
+    return {"setup": s, "target_layers": layers, "rows": rows}
 
 
 def main() -> int:
@@ -173,12 +220,15 @@ def main() -> int:
         print(f"bench_vs_aic: {why}", file=sys.stderr)
         return 2
     out = run(args.only)
+    if not args.only:
+        out["speculation"] = speculation()
     for key in ("roofline", "sim_aic"):
         s = out[key]
         if s:
-            print(f"{key:9s} TPOT MAPE {s['tpot_mape']:.1%} (fp8 {s['tpot_mape_fp8']:.1%}, dense {s['tpot_mape_dense']:.1%},"
-                  f" moe {s['tpot_mape_moe']:.1%}, a100 {s['tpot_mape_a100']:.1%}); TTFT MAPE {s['ttft_mape']:.1%};"
-                  f" worst x{s['worst_ratio']:.3f} ({s['worst_row']}); throughput Spearman {s['throughput_spearman']:.4f}")
+            print(f"{key:9s} TPOT MAPE {s['tpot_mape']:.1%} (fp8 {s['tpot_mape_fp8']:.1%}, dense "
+                  f"{s['tpot_mape_dense']:.1%}, moe {s['tpot_mape_moe']:.1%}, a100 {s['tpot_mape_a100']:.1%});"
+                  f" TTFT MAPE {s['ttft_mape']:.1%}; worst x{s['worst_ratio']:.3f} ({s['worst_row']});"
+                  f" throughput Spearman {s['throughput_spearman']:.4f}")
     print(f"AIC-backed decode step vs AIC per-op sum: max deviation {out['per_op_max_dev']:.2%}")
     for s in out["skipped"]:
         print(f"skipped {s}")

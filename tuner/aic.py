@@ -113,15 +113,17 @@ def resolve(profile: Profile) -> tuple[AicTarget | None, str]:
 class _Handle:
     """One compiled AIC engine (model x system x parallelism x dtypes) and its cached per-op queries."""
 
-    def __init__(self, target: AicTarget, tp: int, weights: str, kv: str, moe: bool) -> None:
+    def __init__(self, target: AicTarget, tp: int, weights: str, kv: str, moe: bool, moe_ep: int = 1) -> None:
         from aiconfigurator_core.sdk.engine import EngineHandle
 
         cat = catalog()
-        kwargs: dict[str, Any] = {"tp_size": tp, "backend_version": target.database,
-                                  "gemm_quant_mode": cat["gemm_quant"][weights],
-                                  "kvcache_quant_mode": cat["kv_quant"][kv]}
-        if moe:  # SGLang's default MoE layout: experts tensor-parallel over the TP group, no EP
-            kwargs |= {"moe_tp_size": tp, "moe_ep_size": 1, "moe_quant_mode": cat["moe_quant"][weights]}
+        kwargs: dict[str, Any] = {"tp_size": tp, "backend_version": target.database}
+        if weights != "checkpoint":  # "checkpoint": the quant modes AIC infers from the model's own config
+            kwargs |= {"gemm_quant_mode": cat["gemm_quant"][weights], "kvcache_quant_mode": cat["kv_quant"][kv]}
+        if moe:  # SGLang's default MoE layout: experts tensor-parallel over the TP group (moe_ep = 1)
+            kwargs |= {"moe_tp_size": tp // moe_ep, "moe_ep_size": moe_ep}
+            if weights != "checkpoint":
+                kwargs["moe_quant_mode"] = cat["moe_quant"][weights]
         self.engine = EngineHandle.compile(target.model_path, target.system, target.backend, **kwargs)
         names = [op[0] for op in self.engine.decode_step_per_op(1, 16, 2)]
         self.gen_all = list(range(len(names)))
@@ -167,11 +169,11 @@ class _Handle:
 _HANDLES: dict[tuple, _Handle] = {}
 
 
-def handle(target: AicTarget, tp: int, weights: str, kv: str, moe: bool) -> _Handle:
+def handle(target: AicTarget, tp: int, weights: str, kv: str, moe: bool, moe_ep: int = 1) -> _Handle:
     """The compiled engine for this choice, compiled once per process (a compile costs ~1 s, a query ~20 us)."""
-    key = (target, tp, weights, kv, moe)
+    key = (target, tp, weights, kv, moe, moe_ep)
     if key not in _HANDLES:
-        _HANDLES[key] = _Handle(target, tp, weights, kv, moe)
+        _HANDLES[key] = _Handle(target, tp, weights, kv, moe, moe_ep)
     return _HANDLES[key]
 
 

@@ -29,7 +29,7 @@ PAIRS: dict[str, tuple[Any, Any]] = {
     "spec.max_verify_tokens": (16, 1), "spec.fallback_acceptance": (0.0, 0.9), "spec.adaptive_gamma": (False, True),
     "spec.draft_layers": (1, 8), "spec.markov_rank": (16, 1024), "spec.draft_kv_dtype": ("auto", "fp8"),
     "batch.max_requests": (8, 2), "batch.max_tokens": (4096, 256), "batch.timeout_ms": (0.0, 200.0),
-    "batch.chunked_prefill": (0, 256), "batch.cuda_graph_max_bs": (0, 64), "memory.fraction_static": (0.9, 0.21),
+    "batch.chunked_prefill": (0, 256), "batch.cuda_graph_max_bs": (0, 64), "memory.fraction_static": (0.9, 0.2),
     "kv.dtype": ("auto", "fp8_e4m3"), "weights.dtype": ("auto", "fp8"), "attention.backend": ("fa3", "flashinfer"),
     "parallel.tp": (2, 1), "parallel.ep": (1, 2), "parallel.dp": (1, 2), "spec.align_verify_to_graph": (False, True),
     "batch.schedule_conservativeness": (1.0, 0.3), "memory.page_size": (16, 64), "parallel.dp_attention": (False, True),
@@ -39,8 +39,8 @@ PAIRS: dict[str, tuple[Any, Any]] = {
     "fusion.mla_dual_rmsnorm": (False, True),
 }
 # scheduler-specific knobs are only read by the scheduler that uses them
-# (and the static fraction only once the KV pool, not the 16 clients, limits the running requests: at 0.21 of one
-# H100 Qwen3-8B's bf16 weights leave ~5k KV tokens)
+# (and the static fraction only once the KV pool, not the 16 clients, limits the running requests: at 0.2 of one
+# H100 Qwen3-8B's bf16 weights leave ~5k KV tokens of its 80 GiB)
 CONTEXT = {"spec.confidence_threshold": {"spec.scheduler": "threshold"},
            "memory.fraction_static": {"parallel.tp": 1, "batch.max_requests": 16}}
 
