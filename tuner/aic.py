@@ -234,13 +234,19 @@ class AicPerfModel(PerfModel):
     def draft_step(self, requests: int, gamma: int, context: float, draft_layers: int, head: str,
                    markov_rank: int = 256) -> float:
         """The drafter: `draft_layers` of the target's layer ops at B x gamma rows (attention over the B requests'
-        context), the LM head at B x gamma rows, then gamma sequential head GEMMs of B rows."""
+        context; a MoE target's drafter is dense, its FFN the active experts' width as GEMMs), the LM head at
+        B x gamma rows, then gamma sequential head GEMMs of B rows."""
         assert self.aic is not None
         s = self.shape
         rows = requests * gamma
         ops = self.aic.decode_ops(rows, requests, self._ctx(context))
         head_ms = sum(ms for name, ms in ops if "logits" in name)
-        layer_ms = sum(ms for name, ms in ops if "logits" not in name and "embedding" not in name)
+        layer_ms = sum(ms for name, ms in ops if "logits" not in name and "embedding" not in name
+                       and not (s.num_experts and ("moe" in name or "router" in name)))
+        if s.num_experts:  # a dense drafter layer of the target's active width: gate/up and down GEMMs of k experts
+            width = max(1, s.experts_per_token * s.expert_width // self.tp)
+            layer_ms += (self.aic.gemm_ms(rows, 2 * width, s.hidden) + self.aic.gemm_ms(rows, s.hidden, width)) \
+                * s.num_layers
         t = (layer_ms * draft_layers / s.num_layers + head_ms) / 1e3 + self.eff.overhead_s
         if head != "none":
             width = markov_rank * (2 if head == "rnn" else 1)

@@ -271,6 +271,24 @@ def beyond_target(trial, target: int) -> bool:
     return len(ahead) >= target
 
 
+def enqueued_twice(trial) -> int | None:
+    """The earlier trial holding the same enqueued configuration as `trial`, if one runs or ran: two screens that
+    both found a move missing both enqueue it (the check and the insert are two transactions); the later copy is
+    dropped when it is popped instead of being run again."""
+    from optuna.trial import TrialState
+
+    trials = trial.study.get_trials(deepcopy=False)
+    me = next((t for t in trials if t.number == trial.number), None)
+    fixed = me.system_attrs.get("fixed_params") if me is not None else None
+    if not fixed:
+        return None
+    for t in trials:
+        if t.number < trial.number and t.state in (TrialState.COMPLETE, TrialState.RUNNING) and \
+                (t.system_attrs.get("fixed_params") or dict(t.params)) == fixed:
+            return t.number
+    return None
+
+
 def objective_fn(space: SearchSpace, evaluator: Evaluator, spec: StudySpec, target: int | None = None
                  ) -> Callable[[Any], Any]:
     def objective(trial) -> Any:
@@ -278,6 +296,9 @@ def objective_fn(space: SearchSpace, evaluator: Evaluator, spec: StudySpec, targ
 
         if target is not None and beyond_target(trial, target):
             raise optuna.TrialPruned(f"the study already holds its {target} trials")
+        twin = enqueued_twice(trial)
+        if twin is not None:
+            raise optuna.TrialPruned(f"trial {twin} already runs this enqueued configuration")
         params = space.suggest(trial)
         ev = evaluator.evaluate(params, seed=spec.seed)
         trial.set_user_attr("mode", evaluator.mode)
