@@ -13,8 +13,10 @@ the reason, so `cost_source` always says which one produced a figure.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -119,12 +121,14 @@ class _Handle:
         cat = catalog()
         kwargs: dict[str, Any] = {"tp_size": tp, "backend_version": target.database}
         if weights != "checkpoint":  # "checkpoint": the quant modes AIC infers from the model's own config
-            kwargs |= {"gemm_quant_mode": cat["gemm_quant"][weights], "kvcache_quant_mode": cat["kv_quant"][kv]}
+            kwargs |= {"gemm_quant_mode": cat["gemm_quant"][weights], "kvcache_quant_mode": cat["kv_quant"][kv],
+                       "fmha_quant_mode": cat["fmha_quant"][kv]}
         if moe:  # SGLang's default MoE layout: experts tensor-parallel over the TP group (moe_ep = 1)
             kwargs |= {"moe_tp_size": tp // moe_ep, "moe_ep_size": moe_ep}
             if weights != "checkpoint":
                 kwargs["moe_quant_mode"] = cat["moe_quant"][weights]
-        self.engine = EngineHandle.compile(target.model_path, target.system, target.backend, **kwargs)
+        with _quiet():
+            self.engine = EngineHandle.compile(target.model_path, target.system, target.backend, **kwargs)
         names = [op[0] for op in self.engine.decode_step_per_op(1, 16, 2)]
         self.gen_all = list(range(len(names)))
         self.gen_names = names
@@ -164,6 +168,18 @@ class _Handle:
             self._memo[key] = sum(v[1] for v in self.engine.evaluate_ops_json(spec, is_context=False,
                                                                               batch_size=rows, s=1))
         return self._memo[key]
+
+
+@contextmanager
+def _quiet():
+    """AIC logs its database loading (fallback rows, lane defaults) at WARNING; the cost source says what it is."""
+    log = logging.getLogger("aiconfigurator_core")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 _HANDLES: dict[tuple, _Handle] = {}
