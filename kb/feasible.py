@@ -207,8 +207,8 @@ def apply_feasibility(plan: Plan, profile: Profile) -> Plan:
         plan.resolutions.append(f"weights.dtype: {dropped_d} dropped: they need more than TP {m}, at which "
                                 f"{keep_d} already run (the plan keeps the smallest TP that runs)")
     f = fits[(keep_d[0], m)]
-    why = (f"runs from TP {m}: {keep_d[0]} weights {f.weights_gb:.1f} GB + longest request's KV {f.kv_gb:.1f} GB "  # type: ignore[union-attr]
-           f"per GPU <= {profile.hw.memory_gb:g} GB x {frac:.2f}")
+    why = (f"runs from TP {m}: {keep_d[0]} weights {f.weights_gb:.1f} GiB + longest request's KV {f.kv_gb:.1f} GiB "  # type: ignore[union-attr]
+           f"per GPU <= {profile.hw.memory_gb:g} GiB x {frac:.2f}")
     _set(plan, "parallel.tp", keep_t, why)
     if dropped_d or "weights.dtype" in plan.space or "weights.dtype" in plan.fixed:
         _set(plan, "weights.dtype", keep_d, f"the dtypes that fit at TP {m}")
@@ -246,6 +246,6 @@ def _nothing_fits(profile: Profile, dtypes: list[str], tps: list[int], frac: flo
     four_bit = any(d in ("int4", "nvfp4") for d in dtypes)
     fixes = "add devices (--gpus N)" + ("" if four_bit else ", allow 4-bit weights (--quality relaxed)")
     return (f"no parallel layout runs {profile.model.name or 'the model'} on {profile.hw.count or NODE} x "
-            f"{profile.hw.name or 'GPU'}: even {best} weights at TP {t} take {f.weights_gb:.1f} GB + "
-            f"{f.kv_gb:.1f} GB KV for the longest request per GPU, over {profile.hw.memory_gb:g} GB x {frac:.2f} "
+            f"{profile.hw.name or 'GPU'}: even {best} weights at TP {t} take {f.weights_gb:.1f} GiB + "
+            f"{f.kv_gb:.1f} GiB KV for the longest request per GPU, over {profile.hw.memory_gb:g} GiB x {frac:.2f} "
             f"(memory.fraction_static); {fixes} or shorten the workload")

@@ -54,7 +54,7 @@ def verdict(p: Profile) -> list[str]:
         def tp(x: int | None) -> str:
             return "does not fit in 64 GPUs" if x is None else ("1 GPU" if x == 1 else f"TP={x}")
         wb = m.weight_bytes
-        out.append(f"Memory ({hw.memory_gb:g} GB per device, weights + KV of {d.decode_batch} requests): "
+        out.append(f"Memory ({hw.memory_gb:g} GiB per device, weights + KV of {d.decode_batch} requests): "
                    f"bf16 {_gb(wb.bf16 if wb else None)} -> {tp(d.min_tp_bf16)}; "
                    f"fp8 {_gb(wb.fp8 if wb else None)} -> {tp(d.min_tp_fp8)}; "
                    f"int4 {_gb(wb.int4 if wb else None)} -> {tp(d.min_tp_int4)}.")
@@ -97,7 +97,7 @@ def render_profile(p: Profile, console: Console, profile_id: int | None = None) 
         pk = hw.peak_tflops
         _kv(t, "arch", f"{hw.arch} (sm {hw.sm}), {hw.num_sms or '-'} SMs/cores, L2 {hw.l2_mb or '-'} MB, "
                        f"{hw.interconnect}")
-        _kv(t, "memory", f"{hw.memory_gb} GB at {hw.bandwidth_gbs or '-'} GB/s")
+        _kv(t, "memory", f"{hw.memory_gb} GiB at {hw.bandwidth_gbs or '-'} GB/s")
         if pk and pk.bf16:
             _kv(t, "dense peak", f"bf16 {pk.bf16:g}, fp8 {pk.fp8 if pk.fp8 else '-'}, int8 {pk.int8 or '-'} TFLOP/s")
         if hw.measured:

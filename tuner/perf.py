@@ -356,6 +356,8 @@ class PerfModel:
         return 1.0 / self.step(batch_tokens, context, requests or batch_tokens).seconds
 
     def kv_capacity_tokens(self, memory_fraction: float) -> float:
-        """Tokens of KV that fit after the weights, per GPU group of `tp` devices."""
+        """Tokens of KV that fit after the weights, per GPU group of `tp` devices. A token's KV is split over at
+        most as many ranks as there are KV heads (MLA's latent: one); beyond that each rank holds a copy."""
         free = self.hw.memory_bytes * self.tp * memory_fraction - self.weight_bytes()
-        return max(0.0, free / self.kv_bytes_per_token())
+        shards = min(self.tp, self.shape.kv_shards) if self.shape.kv_shards else self.tp
+        return max(0.0, free / (self.kv_bytes_per_token() * self.tp / shards))

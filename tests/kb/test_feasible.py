@@ -59,7 +59,7 @@ def test_no_layout_is_one_line_naming_the_limit():
     with pytest.raises(PlanConflict) as e:
         _plan("deepseek-v3", "h100", 8)
     msg = str(e.value)
-    assert "\n" not in msg and "no parallel layout runs DeepSeek-V3 on 8 x H100-SXM" in msg and "GB" in msg
+    assert "\n" not in msg and "no parallel layout runs DeepSeek-V3 on 8 x H100-SXM" in msg and "GiB" in msg
 
 
 def test_around_ranges_follow_the_profile():
