@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import yaml
@@ -52,6 +52,7 @@ class KernelCosts:
         rows = {r[0]: r[1:] for r in self.gemm}
         return rows.get(_key(dtype), rows["bf16"])
 
+    @lru_cache(maxsize=256)  # noqa: B019  (KernelCosts are a few immutable catalogue rows, cached for the process)
     def moe_of(self, dtype: str, hidden: int, inter: float, experts: int, topk: int) -> tuple[float, float]:
         """(floor s, bandwidth fraction) of a MoE layer: the measured expert shape nearest this one; the GEMM's
         where the architecture has no MoE table."""
