@@ -70,7 +70,8 @@ def write_report(out: Path, template, study, spec: StudySpec, trial, meets: bool
         if imp:
             plots.importances(dict(imp), out / "importances.png")
             made.append({"title": "Parameter importances", "file": "importances.png"})
-    kind = "modelled by the performance model" if evaluator.mode == "simulate" else "measured on this device"
+    kind = (f"modelled, cost source {evaluator.perf(params).cost_source}" if evaluator.mode == "simulate"
+            else "measured on this device")
     plots.sps_curve(list(sps.sample_batch_tokens), list(sps.sample_steps_per_sec), kind, out / "sps.png")
     made.append({"title": "SPS table", "file": "sps.png"})
     gamma = int(params["spec.block_size"])
