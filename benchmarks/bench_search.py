@@ -52,7 +52,8 @@ CASES: list[tuple[str, str, str]] = [  # (model, GPU, workload preset) as `profi
     ("qwen3-8b", "a100-80gb", "code"),
     ("qwen3-30b-a3b", "h200", "chat"),
     ("llama-3.1-70b", "h100", "math"),
-    ("qwen3-14b", "l40s", "chat"),
+    ("qwen3-8b", "l40s", "chat"),  # (qwen3-14b / l40s / chat until issue 18: with AIC's measured L40S kernels no
+    # configuration of it meets the chat SLOs, p99 TPOT 50 ms at 64 clients, so it measures no search)
     ("qwen3-4b", "l4", "code"),
 ]
 
@@ -404,6 +405,8 @@ def run_case(args: tuple) -> CaseResult:
     in_rules, in_rules_at = rule_space_best(case, opt)
     opt = refine_optimum(case, opt, in_rules_at)
     goal = target * opt.value
+    if not opt.value:  # nothing meets the SLOs: no search to measure (every method's curve stays at 0)
+        seeds = []
     rule_curves = [search_curve(case, "rules", s, rule_cap, goal) for s in seeds]
     default_curves = [search_curve(case, "default", s, default_cap, goal) for s in seeds]
     return CaseResult(

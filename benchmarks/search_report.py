@@ -184,5 +184,7 @@ def _dist_text(d) -> str:
 
 def case_line(r: CaseResult, opts: argparse.Namespace) -> str:
     """One line per finished case, so a long run shows its results as they come."""
+    if not r.optimum.value:
+        return f"{r.name}: no configuration meets the workload's SLOs (every score is 0): nothing to search for"
     return (f"{r.name}: optimum {r.optimum.value:,.0f}, inside rules {r.rule_space_best / r.optimum.value:.3f}; "
             f"trials to {opts.target:g}: rules {r.rule_hits}, default {r.default_hits} ({r.seconds:.0f} s)")
