@@ -1,14 +1,16 @@
-"""The engine: `Engine(config).generate(prompts, sampling) -> Generation(outputs, stats)`.
+"""The engine: `Engine(config).generate(prompts, sampling) -> Generation(outputs, stats)`, built on the online
+API `add_request` / `step` / `abort` that `serve` drives.
 
-Continuous batching over `batch.max_requests` KV slots. Each decode step is one speculative round for
-every running request (see `drafters/base.py` for the contract): draft, let the scheduler pick the verify
-length, verify with one target forward, accept losslessly, roll the KV caches back in O(1).
-Plain decoding is the same loop with no drafter (block length 0).
+Continuous batching over `batch.max_requests` KV slots: a request joins the running batch whenever a slot
+frees. Each step is one speculative round for every running request (see `drafters/base.py` for the
+contract): draft, let the scheduler pick the verify length, verify with one target forward, accept
+losslessly, roll the KV caches back in O(1). Plain decoding is the same loop with no drafter (block length 0).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -21,7 +23,7 @@ from dspark_core.errors import DSparkError
 from dspark_core.kernels.spec import use_triton
 from dspark_core.sampling import SamplingParams, sampling_probs
 from dspark_core.stats import GenStats
-from dspark_core.verify import greedy_verdicts, verify_greedy_batch, verify_sampling
+from dspark_core.verify import greedy_verdicts, verify_greedy, verify_greedy_batch, verify_sampling
 
 if TYPE_CHECKING:
     from dspark_core.model import LeanModel
@@ -35,9 +37,10 @@ class Output:
     prompt_tokens: int  # prompt length in tokens
     token_ids: list[int]  # generated tokens (EOS excluded)
     text: str  # decoded generated text ("" when no tokenizer)
-    finish_reason: str  # "stop" (EOS / stop token) or "length" (max_new_tokens)
-    ttft_s: float | None = None  # seconds from generate() start to this request's first token
-    latency_s: float | None = None  # seconds from generate() start to its last token
+    finish_reason: str  # "stop" (EOS / stop token), "length" (max_new_tokens), "abort", "time_limit"
+    ttft_s: float | None = None  # seconds from the request's arrival (add_request) to its first token
+    latency_s: float | None = None  # seconds from its arrival to its last token
+    request_id: str = ""  # the id add_request returned
 
 
 @dataclass
@@ -49,21 +52,36 @@ class Generation:
 
 
 @dataclass
-class _Running:
-    """A request holding a slot."""
+class Update:
+    """What one `step` did to one request: the tokens it committed, and the output once it finished."""
 
-    index: int  # position in the prompt list
-    slot: int  # KV slot
-    tokens: list[int]  # prompt + generated; tokens[-1] is the anchor
-    prompt_len: int  # prompt tokens
-    generator: torch.Generator | None  # per-request RNG
+    request_id: str
+    new_tokens: list[int]  # tokens committed this step (EOS excluded)
+    output: Output | None = None  # set on the step the request finished (or was aborted)
+
+
+@dataclass
+class _Request:
+    """A request from add_request to its output: waiting (slot -1), then holding a KV slot."""
+
+    rid: str  # request id
+    ids: list[int]  # prompt token ids
+    sp: SamplingParams  # its sampling (seed = its generator's seed)
+    stop: set[int]  # token ids that end it
+    arrival: float  # perf_counter() at add_request
+    slot: int = -1  # KV slot once admitted
+    tokens: list[int] = field(default_factory=list)  # prompt + generated; tokens[-1] is the anchor
+    generator: torch.Generator | None = None  # per-request RNG (None when greedy)
     out: list[int] = field(default_factory=list)  # generated tokens
     finish: str = ""  # finish reason once done
-    first_token_s: float | None = None  # seconds from generate() start to the first token
+    first_token_s: float | None = None  # seconds from arrival to the first token
 
 
 class Engine:
-    """Loads the target (and drafter) once; `generate` runs batches of prompts through the round loop."""
+    """Loads the target (and drafter) once and runs requests through one round loop.
+
+    Online: `add_request` queues a request at any time, `step` admits what fits and runs one speculative round
+    for every running request, `abort` frees a request's slot. `generate` is that loop over a list of prompts."""
 
     def __init__(
         self,
@@ -92,72 +110,133 @@ class Engine:
         self.scheduler = scheduler if scheduler is not None else build_scheduler(c, self.target)
         _install_kernel_configs(c, self.target.device)
         self.cache = self.target.new_cache(c.batch.max_requests, c.model.max_seq_len, dtype=kv_dtype(c, self.target))
-        self._t0 = 0.0  # perf_counter() at the start of the current generate() call
+        self.stats = GenStats(method=self.drafter.name if self.drafter else "plain")  # since the last reset_stats
+        self._free = list(range(c.batch.max_requests - 1, -1, -1))  # free KV slots (pop from the end)
+        self._waiting: deque[_Request] = deque()  # arrived, not admitted, FIFO
+        self._running: list[_Request] = []  # holding a slot, in slot order
+        self._ids: dict[str, _Request] = {}  # every unfinished request by id
+        self._next_id = 0
 
-    # -- public API -------------------------------------------------------------------------------
+    # -- online API -------------------------------------------------------------------------------
+    def add_request(self, prompt: str | list[int], sampling: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Queue one request (text or token ids); returns its id. Raises DSparkError on a bad prompt or id."""
+        rid = request_id if request_id is not None else f"req-{self._next_id}"
+        self._next_id += 1
+        return self._queue(prompt, sampling or self.config.sampling, rid, f"request {rid}")
+
+    def abort(self, request_id: str) -> Output | None:
+        """Stop a request wherever it is (waiting or running) and free its slot; None when it is not live."""
+        req = self._ids.get(request_id)
+        if req is None:
+            return None
+        req.finish = "abort"
+        if req.slot < 0:
+            self._waiting.remove(req)
+        else:
+            self._running.remove(req)
+        return self._finish(req)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def step(self) -> list[Update]:
+        """Admit waiting requests into free slots (one ragged prefill), then one speculative round for every
+        running request. Returns one update per request that committed tokens or finished."""
+        updates: dict[str, Update] = {}
+        if self._waiting and self._free:
+            for req in self._admit(self._take_batch()):
+                updates[req.rid] = Update(req.rid, list(req.out))
+                if req.finish:
+                    updates[req.rid].output = self._finish(req)
+                else:
+                    self._running.append(req)
+            self._running.sort(key=lambda r: r.slot)  # rows in slot order: the target reads consecutive slots
+        if self._running:
+            for req, kept in zip(self._running, self._round(self._running), strict=True):
+                u = updates.setdefault(req.rid, Update(req.rid, []))
+                u.new_tokens.extend(kept)
+            for req in [r for r in self._running if r.finish]:
+                self._running.remove(req)
+                updates[req.rid].output = self._finish(req)
+        return list(updates.values())
+
+    def reset_stats(self) -> GenStats:
+        """Start a new stats window; returns the one that ends."""
+        old, self.stats = self.stats, GenStats(method=self.stats.method)
+        return old
+
+    # -- offline API ------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[str | list[int]], sampling: SamplingParams | None = None,
                  time_limit_s: float | None = None) -> Generation:
-        """Generate for every prompt (text or token ids); outputs in prompt order, with stats.
+        """Generate for every prompt (text or token ids); outputs in prompt order, with stats. Request i samples
+        with seed `sampling.seed + i`.
 
         `time_limit_s`: stop after this many seconds (between rounds); requests still running end with
         finish_reason "time_limit", those never admitted are left out, and `stats.cut` counts both, so a
         measurement of a very slow configuration costs a bounded time and says it was cut."""
+        if self.has_work():
+            raise DSparkError("generate() needs an idle engine; drain or abort the online requests first")
         sp = sampling or self.config.sampling
-        encoded = [self._encode(p, i) for i, p in enumerate(prompts)]
-        limit = self.config.model.max_seq_len
-        for i, ids in enumerate(encoded):
-            if len(ids) + sp.max_new_tokens + 1 > limit:
-                raise DSparkError(f"prompt {i}: {len(ids)} tokens + max_new_tokens {sp.max_new_tokens} exceed "
-                                  f"model.max_seq_len {limit}; shorten the prompt or raise max_seq_len")
-        stats = GenStats(method=self.drafter.name if self.drafter else "plain", requests=len(encoded))
-        outputs: list[Output | None] = [None] * len(encoded)
-        stop = self.eos | set(sp.stop_token_ids or [])
-        if sp.ignore_eos:
-            stop = set(sp.stop_token_ids or [])
-        free = list(range(self.config.batch.max_requests - 1, -1, -1))
-        queue = list(range(len(encoded) - 1, -1, -1))
-        running: list[_Running] = []
+        self.reset_stats()
         self._sync()
-        t0 = self._t0 = time.perf_counter()
-        while queue or running:
+        t0 = time.perf_counter()
+        try:
+            rids = [self._queue(p, sp.model_copy(update={"seed": sp.seed + i}), str(i), f"prompt {i}")
+                    for i, p in enumerate(prompts)]
+        except DSparkError:
+            for rid in list(self._ids):
+                self.abort(rid)
+            raise
+        done: dict[str, Output] = {}
+        while self.has_work():
             if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
-                for req in running:
+                self.stats.cut = len(self._running) + len(self._waiting)
+                for req in list(self._running):
                     req.finish = "time_limit"
-                    outputs[req.index] = self._finish(req, free, stats)
-                stats.cut = len(running) + len(queue)
-                running, queue = [], []
+                    self._running.remove(req)
+                    done[req.rid] = self._finish(req)
+                for req in list(self._waiting):
+                    self.abort(req.rid)
                 break
-            if queue and free:
-                batch: list[tuple[int, list[int], int]] = []
-                budget = self.config.batch.max_tokens
-                while queue and free:
-                    longest = max([len(encoded[queue[-1]])] + [len(x[1]) for x in batch])
-                    if batch and longest * (len(batch) + 1) > budget:
-                        break
-                    i = queue.pop()
-                    batch.append((i, encoded[i], free.pop()))
-                for req in self._admit(batch, sp, stop):
-                    if req.finish:
-                        outputs[req.index] = self._finish(req, free, stats)
-                    else:
-                        running.append(req)
-                running.sort(key=lambda r: r.slot)  # rows in slot order: the target reads consecutive slots as a view
-            if not running:
-                continue
-            self._round(running, sp, stop, stats)
-            for req in [r for r in running if r.finish]:
-                running.remove(req)
-                outputs[req.index] = self._finish(req, free, stats)
+            for u in self.step():
+                if u.output is not None:
+                    done[u.request_id] = u.output
         self._sync()
+        stats = self.reset_stats()
+        stats.requests = len(rids)
         stats.seconds = time.perf_counter() - t0
-        return Generation(outputs=[o for o in outputs if o is not None], stats=stats)
+        return Generation(outputs=[done[r] for r in rids if r in done], stats=stats)
 
     # -- internals --------------------------------------------------------------------------------
     def _sync(self) -> None:
         if self.target.device.type == "cuda":
             torch.cuda.synchronize()
 
-    def _encode(self, prompt: str | list[int], i: int) -> list[int]:
+    def _queue(self, prompt: str | list[int], sp: SamplingParams, rid: str, label: str) -> str:
+        if rid in self._ids:
+            raise DSparkError(f"request id {rid!r} is already live; ids must be unique among live requests")
+        ids = self._encode(prompt, label)
+        limit = self.config.model.max_seq_len
+        if len(ids) + sp.max_new_tokens + 1 > limit:
+            raise DSparkError(f"{label}: {len(ids)} tokens + max_new_tokens {sp.max_new_tokens} exceed "
+                              f"model.max_seq_len {limit}; shorten the prompt or raise max_seq_len")
+        stop = set(sp.stop_token_ids or []) | (set() if sp.ignore_eos else self.eos)
+        req = _Request(rid=rid, ids=ids, sp=sp, stop=stop, arrival=time.perf_counter())
+        self._waiting.append(req)
+        self._ids[rid] = req
+        self.stats.requests += 1
+        return rid
+
+    def _encode(self, prompt: str | list[int], label: str) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise DSparkError("text prompts need a tokenizer; pass token ids or load a checkpoint with one")
@@ -165,72 +244,89 @@ class Engine:
         else:
             ids = list(prompt)
         if not ids:
-            raise DSparkError(f"prompt {i} is empty; every request needs at least one prompt token")
+            raise DSparkError(f"{label} is empty; every request needs at least one prompt token")
         vocab = self.target.arch.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
-            raise DSparkError(f"prompt {i} has token ids outside the vocabulary [0, {vocab}); check the tokenizer")
+            raise DSparkError(f"{label} has token ids outside the vocabulary [0, {vocab}); check the tokenizer")
         return ids
 
-    def _admit(self, batch: list[tuple[int, list[int], int]], sp: SamplingParams, stop: set[int]) -> list[_Running]:
-        """Prefill (index, prompt ids, slot) rows in one forward (ragged: only real tokens are computed), sample
-        each first token, reset the drafter."""
-        lens = [len(ids) for _, ids, _ in batch]
-        inp = torch.zeros(len(batch), max(lens), dtype=torch.long)
-        for j, (_, ids, slot) in enumerate(batch):
-            inp[j, : len(ids)] = torch.tensor(ids)
-            self.cache.truncate(slot, 0)
-        layers = self.drafter.hidden_layers if self.drafter else ()
-        out = self.target(inp, self.cache, [s for _, _, s in batch], lens, hidden_layers=layers, last_only=True)
-        first = out.logits[:, 0].argmax(-1).tolist() if sp.greedy else None
-        reqs = []
-        for j, (index, ids, slot) in enumerate(batch):
-            gen = None if sp.greedy else torch.Generator().manual_seed(sp.seed + index)
-            req = _Running(index=index, slot=slot, tokens=list(ids), prompt_len=len(ids), generator=gen)
-            if first is not None:
-                tok = first[j]
-            else:
-                tok = int(torch.multinomial(sampling_probs(out.row_logits(j)[0], sp).cpu(), 1, generator=gen))
-            if self.drafter:
-                hid = out.row_hidden(j)[: len(ids)] if out.flat_hidden is not None else None
-                self.drafter.reset(slot, list(ids), hid)
-            self._commit(req, [tok], sp, stop)
-            req.first_token_s = time.perf_counter() - self._t0
-            reqs.append(req)
-        return reqs
+    def _take_batch(self) -> list[_Request]:
+        """The waiting requests the next prefill admits: FIFO, one per free slot, within batch.max_tokens of
+        padded prompt rows."""
+        batch: list[_Request] = []
+        budget = self.config.batch.max_tokens
+        while self._waiting and self._free:
+            longest = max([len(self._waiting[0].ids)] + [len(r.ids) for r in batch])
+            if batch and longest * (len(batch) + 1) > budget:
+                break
+            req = self._waiting.popleft()
+            req.slot = self._free.pop()
+            batch.append(req)
+        return batch
 
-    def _commit(self, req: _Running, new: list[int], sp: SamplingParams, stop: set[int]) -> list[int]:
-        """Append tokens up to EOS / max_new_tokens; returns what was kept."""
+    def _admit(self, batch: list[_Request]) -> list[_Request]:
+        """Prefill the batch's prompts in one forward (ragged: only real tokens are computed), sample each first
+        token, reset the drafter."""
+        lens = [len(r.ids) for r in batch]
+        inp = torch.zeros(len(batch), max(lens), dtype=torch.long)
+        for j, r in enumerate(batch):
+            inp[j, : len(r.ids)] = torch.tensor(r.ids)
+            self.cache.truncate(r.slot, 0)
+        layers = self.drafter.hidden_layers if self.drafter else ()
+        out = self.target(inp, self.cache, [r.slot for r in batch], lens, hidden_layers=layers, last_only=True)
+        first = out.logits[:, 0].argmax(-1).tolist() if all(r.sp.greedy for r in batch) else None
+        for j, r in enumerate(batch):
+            r.tokens = list(r.ids)
+            r.generator = None if r.sp.greedy else torch.Generator().manual_seed(r.sp.seed)
+            if first is not None or r.sp.greedy:
+                tok = first[j] if first is not None else int(out.row_logits(j)[0].argmax())
+            else:
+                tok = int(torch.multinomial(sampling_probs(out.row_logits(j)[0], r.sp).cpu(), 1,
+                                            generator=r.generator))
+            if self.drafter:
+                hid = out.row_hidden(j)[: len(r.ids)] if out.flat_hidden is not None else None
+                self.drafter.reset(r.slot, list(r.ids), hid)
+            self._commit(r, [tok])
+            r.first_token_s = time.perf_counter() - r.arrival
+        return batch
+
+    def _commit(self, req: _Request, new: list[int]) -> list[int]:
+        """Append tokens up to a stop token / max_new_tokens; returns what was kept."""
         kept: list[int] = []
         for tok in new:
-            if tok in stop:
+            if tok in req.stop:
                 req.finish = "stop"
                 break
             kept.append(tok)
-            if len(req.out) + len(kept) >= sp.max_new_tokens:
+            if len(req.out) + len(kept) >= req.sp.max_new_tokens:
                 req.finish = "length"
                 break
         req.out.extend(kept)
         req.tokens.extend(kept)
         return kept
 
-    def _finish(self, req: _Running, free: list[int], stats: GenStats) -> Output:
-        if self.drafter:
-            self.drafter.release(req.slot)
-        free.append(req.slot)
-        stats.generated_tokens += len(req.out)
+    def _finish(self, req: _Request) -> Output:
+        """Free its slot (if it holds one) and build its output."""
+        if req.slot >= 0:
+            if self.drafter:
+                self.drafter.release(req.slot)
+            self._free.append(req.slot)
+            req.slot = -1
+        del self._ids[req.rid]
+        self.stats.generated_tokens += len(req.out)
         text = self.tokenizer.decode(req.out) if self.tokenizer else ""
-        return Output(prompt_tokens=req.prompt_len, token_ids=req.out, text=text, finish_reason=req.finish,
-                      ttft_s=req.first_token_s, latency_s=time.perf_counter() - self._t0)
+        return Output(prompt_tokens=len(req.ids), token_ids=req.out, text=text, finish_reason=req.finish,
+                      ttft_s=req.first_token_s, latency_s=time.perf_counter() - req.arrival, request_id=req.rid)
 
-    def _round(self, running: list[_Running], sp: SamplingParams, stop: set[int], stats: GenStats) -> None:
-        """One speculative round for every running request."""
+    def _round(self, running: list[_Request]) -> list[list[int]]:
+        """One speculative round for every running request; returns the tokens each committed."""
         block = self.config.spec.block_size if self.drafter else 0
         reqs = []
         for r in running:
-            remaining = sp.max_new_tokens - len(r.out)
+            remaining = r.sp.max_new_tokens - len(r.out)
             gamma = min(self.scheduler.gamma(r.slot, block), remaining - 1) if block else 0
-            reqs.append(DraftRequest(slot=r.slot, tokens=r.tokens, gamma=max(gamma, 0), sampling=sp,
-                                     generator=r.generator, prompt_len=r.prompt_len))
+            reqs.append(DraftRequest(slot=r.slot, tokens=r.tokens, gamma=max(gamma, 0), sampling=r.sp,
+                                     generator=r.generator, prompt_len=len(r.ids)))
         b = len(reqs)
         if self.drafter and any(q.gamma for q in reqs):
             prop = self.drafter.propose(reqs)
@@ -241,7 +337,7 @@ class Engine:
         cap = self.config.spec.max_verify_tokens
         nv = [max(0, min(int(c), n, cap)) for c, n in zip(chosen, prop.num, strict=True)]
         t = max(nv) + 1
-        inp = torch.zeros(b, t, dtype=torch.long)
+        inp = torch.zeros(b, t, dtype=torch.long)  # [B, T]: anchor, then the verified drafts
         drafts = prop.tokens.cpu()
         for i, r in enumerate(running):
             inp[i, 0] = r.tokens[-1]
@@ -250,30 +346,45 @@ class Engine:
         bases = [len(r.tokens) - 1 for r in running]
         layers = self.drafter.hidden_layers if self.drafter else ()
         out = self.target(inp, self.cache, [r.slot for r in running], [n + 1 for n in nv], hidden_layers=layers)
-        if sp.greedy and out.pack is not None and not use_triton(out.flat_logits):  # ragged: argmax real tokens
-            verdicts = greedy_verdicts(out.argmax(), inp[:, 1:], nv)
-        elif sp.greedy:
-            verdicts = verify_greedy_batch(out.logits, inp[:, 1:], nv)
-        else:
-            verdicts = []
-            for i in range(b):
-                p = sampling_probs(out.row_logits(i)[: nv[i] + 1], sp)
-                q = prop.probs[i, : nv[i]].to(p.device) if prop.probs is not None else None
-                verdicts.append(verify_sampling(p, q, inp[i, 1 : nv[i] + 1].to(p.device), running[i].generator))
+        verdicts = self._verdicts(out, inp, nv, running, prop)
+        stats = self.stats
         stats.steps += 1
         stats.verify_tokens += sum(nv) + b
-        results = []
+        results, committed = [], []
         for i, r in enumerate(running):
             k, tok = verdicts[i]
-            kept = self._commit(r, inp[i, 1 : k + 1].tolist() + [tok], sp, stop)
+            kept = self._commit(r, inp[i, 1 : k + 1].tolist() + [tok])
             self.cache.truncate(r.slot, bases[i] + k + 1)
             stats.record(verified=nv[i], accepted=k, committed=len(kept), proposed=prop.num[i])
             hidden = out.row_hidden(i)[: k + 1] if out.flat_hidden is not None else None
             results.append(RoundResult(slot=r.slot, proposed=prop.num[i], verified=nv[i], accepted=k,
                                        new_tokens=kept, hidden=hidden, finished=bool(r.finish)))
+            committed.append(kept)
         if self.drafter:
             self.drafter.update(results)
         self.scheduler.observe(results)
+        return committed
+
+    @staticmethod
+    def _verdicts(out, inp: torch.Tensor, nv: list[int], running: list[_Request],
+                  prop: Proposal) -> list[tuple[int, int]]:
+        """(accepted drafts, next token) per row: batched greedy matching when every row is greedy, else row by
+        row (greedy rows by argmax, sampled rows by rejection sampling)."""
+        if all(r.sp.greedy for r in running):
+            if out.pack is not None and not use_triton(out.flat_logits):  # ragged: argmax of real tokens only
+                return greedy_verdicts(out.argmax(), inp[:, 1:], nv)
+            return verify_greedy_batch(out.logits, inp[:, 1:], nv)
+        verdicts = []
+        for i, r in enumerate(running):
+            logits = out.row_logits(i)[: nv[i] + 1]
+            draft = inp[i, 1 : nv[i] + 1].to(logits.device)
+            if r.sp.greedy:
+                verdicts.append(verify_greedy(logits, draft))
+                continue
+            p = sampling_probs(logits, r.sp)
+            q = prop.probs[i, : nv[i]].to(p.device) if prop.probs is not None else None
+            verdicts.append(verify_sampling(p, q, draft, r.generator))
+        return verdicts
 
 
 def kv_dtype(config: EngineConfig, target: LeanModel) -> torch.dtype:
