@@ -1,0 +1,63 @@
+"""`serve`: the bundle's engine behind an OpenAI-compatible HTTP API (dspark_core/serving)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dspark_core.errors import DSparkError
+
+
+def serve_cmd(
+    config: Annotated[Path, typer.Option("--config", help="The engine config to serve: a bundle's dspark.yaml.")],
+    host: Annotated[str, typer.Option(help="Address to bind (127.0.0.1: this machine only).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port (0: any free one, printed).")] = 8000,
+    model: Annotated[str | None, typer.Option(help="Target checkpoint instead of the config's (a folder, a fetched "
+                                                   "model or a cached id).")] = None,
+    served_name: Annotated[str | None, typer.Option(help="The model id clients name (default: the checkpoint "
+                                                         "folder's name).")] = None,
+    max_waiting: Annotated[int, typer.Option(min=0, help="Requests queued beyond the running batch before new "
+                                                         "ones get 429.")] = 64,
+    grace: Annotated[float, typer.Option(min=0.0, help="Seconds in-flight requests get to finish after SIGTERM "
+                                                       "or Ctrl-C.")] = 30.0,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch CPU threads (default: torch's).")] = None,
+) -> None:
+    """Serve the engine: /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health."""
+    import signal
+    import socket
+
+    import torch
+    import uvicorn
+
+    from dspark_core.commands import _config
+    from dspark_core.engine import Engine
+    from dspark_core.serving.app import ServeOptions, build_app
+
+    if not config.is_file():
+        raise DSparkError(f"--config {config}: no such file; pass a bundle's dspark.yaml (python cli.py tune "
+                          "writes one to out/)")
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = _config(config, model)
+    engine = Engine(cfg)
+    name = served_name or Path(cfg.model.path).name
+    app = build_app(engine, ServeOptions(model_name=name, max_waiting=max_waiting))
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        raise DSparkError(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port or --host") from None
+    bound = sock.getsockname()[1]
+    typer.echo(f"serving {name} ({engine.stats.method}) on http://{host}:{bound}/v1", err=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace))
+    for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn re-raises the signal after its graceful shutdown: a
+        signal.signal(sig, lambda *_: None)  # drained stop is a normal exit (0), not a death by signal
+    server.run(sockets=[sock])
+    typer.echo("stopped: in-flight requests finished", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve_cmd)

@@ -1,0 +1,236 @@
+"""The OpenAI-compatible HTTP API over one engine: /v1/completions, /v1/chat/completions (SSE streaming or
+not), /v1/models, /health.
+
+Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) with one-line messages: 400 for a
+malformed body, unknown field, wrong type or a prompt that does not fit, 404 for another model's name, 429 with
+Retry-After when the queue is full. A client that disconnects aborts its request, which frees its slot."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from dspark_core.errors import DSparkError
+from dspark_core.serving.chat import render
+from dspark_core.serving.driver import Chunk, Driver
+from dspark_core.serving.protocol import ChatRequest, CompletionRequest, usage
+
+if TYPE_CHECKING:
+    from dspark_core.engine import Engine
+
+
+@dataclass
+class ServeOptions:
+    """How the server admits work (the engine's own limits come from its config)."""
+
+    model_name: str  # the id /v1/models lists and requests may name
+    max_waiting: int = 64  # requests queued beyond the running batch before new ones get 429
+    retry_after_s: int = 1  # the Retry-After a 429 carries
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.headers = status, message, param, headers
+
+
+def _error(status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    kind = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error"}.get(status, "server_error")
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                        status_code=status, headers=headers)
+
+
+def _one_line(exc: RequestValidationError) -> tuple[str, str | None]:
+    """The first validation problem as 'where: what'."""
+    errs = exc.errors()
+    if not errs:
+        return "invalid request body", None
+    e = errs[0]
+    loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+    where = ".".join(loc) or "body"
+    if e.get("type") == "json_invalid":
+        return f"the body is not valid JSON ({e.get('ctx', {}).get('error', 'parse error')})", None
+    if e.get("type") == "extra_forbidden":
+        return f"{where}: unknown field; see the OpenAI API reference for the accepted fields", where
+    return f"{where}: {e.get('msg', 'invalid')}", where
+
+
+def build_app(engine: Engine, options: ServeOptions) -> FastAPI:
+    """The FastAPI app; its lifespan starts the engine thread and, at shutdown, lets in-flight requests finish."""
+    state: dict[str, Any] = {"live": 0, "draining": False}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        driver = Driver(engine, asyncio.get_running_loop())
+        driver.start()
+        state["driver"] = driver
+        yield
+        state["draining"] = True
+        await asyncio.to_thread(driver.stop)
+
+    app = FastAPI(title="dspark-tune serve", lifespan=lifespan)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _one_line(exc)
+        return _error(400, message, param)
+
+    @app.exception_handler(ApiError)
+    async def _api(_: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, exc.message, exc.param, exc.headers)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        driver: Driver = state["driver"]
+        if driver.error or state["draining"]:
+            return JSONResponse({"status": driver.error or "draining"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": options.model_name, "object": "model", "created": 0, "owned_by": "dspark-tune",
+                "max_model_len": engine.config.model.max_seq_len}
+        return {"object": "list", "data": [card]}
+
+    def prepare(body: CompletionRequest | ChatRequest, prompt: str | list[int], max_tokens: int | None):
+        if body.model not in (None, options.model_name):
+            raise ApiError(404, f"model {body.model!r} is not served here; this server serves {options.model_name!r}",
+                           "model")
+        limit = engine.config.model.max_seq_len
+        if isinstance(prompt, str):
+            if engine.tokenizer is None:
+                raise ApiError(400, "this model has no tokenizer; send the prompt as token ids", "prompt")
+            ids = engine.tokenizer.encode(prompt)
+        else:
+            ids = list(prompt)
+        if not ids:
+            raise ApiError(400, "the prompt is empty; send at least one token", "prompt")
+        vocab = engine.target.arch.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ApiError(400, f"prompt token ids must lie in [0, {vocab})", "prompt")
+        room = limit - len(ids) - 1
+        if room < 1:
+            raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context is {limit} "
+                                f"(max_seq_len), so at most {limit - 2} prompt tokens", "prompt")
+        if max_tokens is not None and max_tokens > room:
+            raise ApiError(400, f"max_tokens {max_tokens} + {len(ids)} prompt tokens exceed the context of {limit} "
+                                f"tokens; ask for at most {room}", "max_tokens")
+        if state["draining"]:
+            raise ApiError(503, "the server is shutting down")
+        cap = engine.config.batch.max_requests + options.max_waiting
+        if state["live"] >= cap:
+            raise ApiError(429, f"server busy: {state['live']} requests in flight (cap {cap}); retry later",
+                           headers={"Retry-After": str(options.retry_after_s)})
+        seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+        return ids, body.sampling(max_tokens or room, seed)
+
+    async def run(body: CompletionRequest | ChatRequest, request: Request, prompt: str | list[int],
+                  max_tokens: int | None, chat: bool) -> Any:
+        ids, sp = prepare(body, prompt, max_tokens)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        driver: Driver = state["driver"]
+        out = driver.submit(rid, ids, sp, body.stops())
+        state["live"] += 1
+        created = int(time.time())
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(_sse(out, rid, created, len(ids), chat, include_usage),
+                                     media_type="text/event-stream")
+        try:
+            text, last = await _collect(out, request, driver, rid)
+        finally:
+            state["live"] -= 1
+        if last is None:  # the client went away
+            return JSONResponse({}, status_code=499)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+                "model": options.model_name, "choices": [choice], "usage": usage(len(ids), last.tokens)}
+
+    async def _sse(out: asyncio.Queue[Chunk], rid: str, created: int, prompt_tokens: int, chat: bool,
+                   include_usage: bool) -> AsyncIterator[str]:
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        done = False
+        try:
+            if chat:
+                yield _event(rid, kind, created, {"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                  "finish_reason": None})
+            while True:
+                c = await out.get()
+                if c.error:
+                    yield "data: " + json.dumps({"error": {"message": c.error, "type": "server_error"}}) + "\n\n"
+                    done = True
+                    break
+                choice: dict[str, Any] = {"index": 0, "finish_reason": c.finish_reason}
+                if chat:
+                    choice["delta"] = {"content": c.text} if c.text else {}
+                else:
+                    choice |= {"text": c.text, "logprobs": None}
+                yield _event(rid, kind, created, choice)
+                if c.finish_reason is not None:
+                    done = True
+                    if include_usage:
+                        yield _event(rid, kind, created, None, usage(prompt_tokens, c.tokens))
+                    break
+            yield "data: [DONE]\n\n"
+        finally:
+            state["live"] -= 1
+            if not done:  # disconnected mid-stream
+                state["driver"].abort(rid)
+
+    def _event(rid: str, kind: str, created: int, choice: dict[str, Any] | None,
+               use: dict[str, int] | None = None) -> str:
+        body: dict[str, Any] = {"id": rid, "object": kind, "created": created, "model": options.model_name,
+                                "choices": [choice] if choice is not None else []}
+        if use is not None:
+            body["usage"] = use
+        return "data: " + json.dumps(body) + "\n\n"
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        return await run(body, request, body.prompt, body.max_tokens, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request) -> Any:
+        try:
+            prompt = render(engine.config.model.tokenizer or engine.config.model.path,
+                            [m.model_dump(exclude_none=True) for m in body.messages])
+        except DSparkError as e:
+            raise ApiError(400, str(e), "messages") from None
+        return await run(body, request, prompt, body.max_completion_tokens or body.max_tokens, chat=True)
+
+    return app
+
+
+async def _collect(out: asyncio.Queue[Chunk], request: Request, driver: Driver,
+                   rid: str) -> tuple[str, Chunk | None]:
+    """All of a request's text; (text, None) when the client disconnected first (its request is aborted)."""
+    parts: list[str] = []
+    while True:
+        try:
+            c = await asyncio.wait_for(out.get(), timeout=0.25)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                driver.abort(rid)
+                return "".join(parts), None
+            continue
+        if c.error:
+            raise ApiError(500, f"the engine failed: {c.error}")
+        parts.append(c.text)
+        if c.finish_reason is not None:
+            return "".join(parts), c

@@ -1,0 +1,136 @@
+"""The engine's loop in one background thread, fed by the HTTP handlers.
+
+Handlers `submit` a request and read its chunks from an asyncio queue; the thread admits what arrived, runs
+`Engine.step`, turns committed tokens into text deltas (holding back an incomplete UTF-8 character, cutting at
+stop strings) and hands them to the event loop. Only this thread touches the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from dspark_core.errors import DSparkError
+
+if TYPE_CHECKING:
+    from dspark_core.engine import Engine, Output
+    from dspark_core.sampling import SamplingParams
+
+
+@dataclass
+class Chunk:
+    """A piece of one request's output, in order; the last has `finish_reason` (or `error`)."""
+
+    text: str  # new text since the previous chunk
+    tokens: int  # completion tokens so far
+    finish_reason: str | None = None  # "stop" or "length" on the last chunk
+    error: str | None = None  # the request failed inside the engine
+
+
+@dataclass
+class _Stream:
+    """Detokenisation state of one live request."""
+
+    out: asyncio.Queue[Chunk]
+    stops: list[str]
+    tokens: list[int] = field(default_factory=list)
+    sent: int = 0  # characters of the decoded text already sent
+
+
+class Driver:
+    """Owns the engine thread; `submit` / `abort` / `stop` are safe to call from the event loop."""
+
+    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop) -> None:
+        self.engine, self.loop = engine, loop
+        self._inbox: queue.Queue[tuple[str, object]] = queue.Queue()
+        self._streams: dict[str, _Stream] = {}
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dspark-engine", daemon=True)
+        self.error: str | None = None  # set when the loop died
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, rid: str, ids: list[int], sp: SamplingParams, stops: list[str]) -> asyncio.Queue[Chunk]:
+        out: asyncio.Queue[Chunk] = asyncio.Queue()
+        self._inbox.put(("add", (rid, ids, sp, _Stream(out, stops))))
+        return out
+
+    def abort(self, rid: str) -> None:
+        self._inbox.put(("abort", rid))
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish what is in flight, then end the thread."""
+        self._stopping.set()
+        self._inbox.put(("wake", None))
+        self._thread.join(timeout)
+
+    # -- the engine thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        eng = self.engine
+        try:
+            while not (self._stopping.is_set() and not eng.has_work() and self._inbox.empty()):
+                self._take(block=not eng.has_work())
+                if eng.has_work():
+                    for u in eng.step():
+                        self._emit(u.request_id, u.new_tokens, u.output)
+        except Exception as exc:  # the engine broke: fail every live request instead of hanging it
+            self.error = f"{type(exc).__name__}: {exc}"
+            for rid in list(self._streams):
+                self._send(rid, Chunk("", 0, error=self.error))
+
+    def _take(self, block: bool) -> None:
+        try:
+            kind, arg = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if kind == "add":
+                rid, ids, sp, stream = arg  # type: ignore[misc]
+                try:
+                    self.engine.add_request(ids, sp, request_id=rid)
+                    self._streams[rid] = stream
+                except DSparkError as e:
+                    self._post(stream.out, Chunk("", 0, error=str(e)))
+            elif kind == "abort" and arg in self._streams:
+                self.engine.abort(str(arg))
+                del self._streams[str(arg)]
+            try:
+                kind, arg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _emit(self, rid: str, new: list[int], output: Output | None) -> None:
+        st = self._streams.get(rid)
+        if st is None:
+            return
+        st.tokens.extend(new)
+        text = self.engine.tokenizer.decode(st.tokens) if self.engine.tokenizer else ""
+        finish = output.finish_reason if output is not None else None
+        for s in st.stops:
+            at = text.find(s, max(0, st.sent - len(s) + 1))
+            if at >= 0:
+                text, finish = text[:at], "stop"
+                if output is None:
+                    self.engine.abort(rid)
+                break
+        if finish is None and text.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for its bytes
+            text = text[: st.sent]
+        elif finish is None and st.stops:  # hold back what could still become a stop string
+            hold = max(len(s) for s in st.stops) - 1
+            text = text[: max(st.sent, len(text) - hold)]
+        delta, st.sent = text[st.sent:], max(st.sent, len(text))
+        if finish is not None:
+            del self._streams[rid]
+        if delta or finish is not None:
+            self._send(rid, Chunk(delta, len(st.tokens), finish), st)
+
+    def _send(self, rid: str, chunk: Chunk, st: _Stream | None = None) -> None:
+        st = st or self._streams.pop(rid, None)
+        if st is not None:
+            self._post(st.out, chunk)
+
+    def _post(self, out: asyncio.Queue[Chunk], chunk: Chunk) -> None:
+        self.loop.call_soon_threadsafe(out.put_nowait, chunk)

@@ -1,0 +1,170 @@
+"""`serve` through the real entry point: the official openai client (streaming and not) gets generate's greedy
+outputs; bad bodies, oversize prompts, disconnects and SIGTERM behave as documented."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+
+from dspark_core.config import EngineConfig, save_config  # noqa: E402
+from dspark_core.engine import Engine  # noqa: E402
+from dspark_core.sampling import SamplingParams  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = ["import os\nimport sys\n\n\ndef main(", "for i in range(10):\n    if i % 2 == 0:\n",
+           "class Stack:\n    def push(self, item):\n"]
+
+
+def _config(tmp: Path, max_requests: int = 4) -> Path:
+    cfg = EngineConfig(device="cpu")
+    cfg.batch.max_requests = max_requests
+    cfg.model.max_seq_len = 256
+    return save_config(cfg, tmp / "dspark.yaml")
+
+
+class Server:
+    def __init__(self, config: Path, *extra: str) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "serve", "--config", str(config),
+                                      "--port", "0", "--threads", "1", *extra],
+                                     stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        line = self.proc.stderr.readline()
+        assert "serving" in line, line + self.proc.stderr.read()
+        self.url = line.strip().rsplit(" ", 1)[-1]  # http://127.0.0.1:PORT/v1
+        self.client = openai.OpenAI(base_url=self.url, api_key="none", max_retries=0)
+
+    def post(self, path: str, body: bytes) -> tuple[int, dict]:
+        req = urllib.request.Request(self.url + path, data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(60)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[Server]:
+    s = Server(_config(tmp_path_factory.mktemp("serve")))
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def expected(tmp_path_factory) -> list[str]:
+    from dspark_core.config import load_config
+
+    eng = Engine(load_config(_config(tmp_path_factory.mktemp("gen"))))
+    return [o.text for o in eng.generate(PROMPTS, SamplingParams(max_new_tokens=24)).outputs]
+
+
+def test_openai_client_gets_generates_greedy_outputs(server: Server, expected: list[str]) -> None:
+    c = server.client
+    assert [m.id for m in c.models.list().data] == ["target"]
+    got, streamed = [], []
+    for p in PROMPTS:
+        r = c.completions.create(model="target", prompt=p, max_tokens=24, temperature=0)
+        assert r.usage.completion_tokens == 24 and r.choices[0].finish_reason == "length"
+        got.append(r.choices[0].text)
+        chunks = list(c.completions.create(model="target", prompt=p, max_tokens=24, temperature=0, stream=True))
+        assert chunks[-1].choices[0].finish_reason == "length"
+        streamed.append("".join(ch.choices[0].text for ch in chunks))
+    assert got == expected
+    assert streamed == expected
+
+
+def test_chat_streaming_equals_non_streaming(server: Server) -> None:
+    c = server.client
+    msgs = [{"role": "user", "content": "def f(x):"}]
+    whole = c.chat.completions.create(model="target", messages=msgs, max_tokens=16, temperature=0)
+    parts, use = [], None
+    for ch in c.chat.completions.create(model="target", messages=msgs, max_tokens=16, temperature=0, stream=True,
+                                        stream_options={"include_usage": True}):
+        if ch.choices and ch.choices[0].delta.content:
+            parts.append(ch.choices[0].delta.content)
+        use = ch.usage or use
+    assert whole.choices[0].message.role == "assistant"
+    assert "".join(parts) == whole.choices[0].message.content
+    assert use is not None and use.completion_tokens == whole.usage.completion_tokens == 16
+
+
+def test_stop_string_cuts_the_text(server: Server, expected: list[str]) -> None:
+    stop = expected[0][5:8]
+    r = server.client.completions.create(model="target", prompt=PROMPTS[0], max_tokens=24, temperature=0, stop=stop)
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].text == expected[0][: expected[0].find(stop)]
+
+
+@pytest.mark.parametrize(("body", "status", "says"), [
+    (b"{not json", 400, "not valid JSON"),
+    (b'{"prompt": "x", "frobnicate": 1}', 400, "frobnicate: unknown field"),
+    (b'{"prompt": "x", "max_tokens": "many"}', 400, "max_tokens"),
+    (b'{"prompt": "x", "max_tokens": 10000}', 400, "exceed the context of 256"),
+    (json.dumps({"prompt": "x " * 400}).encode(), 400, "context is 256"),
+    (b'{"prompt": "x", "model": "gpt-9"}', 404, "not served here"),
+    (b'{"prompt": "x", "n": 2}', 400, "n"),
+    (b'{"prompt": []}', 400, "empty"),
+])
+def test_bad_requests_get_one_line(server: Server, body: bytes, status: int, says: str) -> None:
+    code, err = server.post("/completions", body)
+    assert code == status
+    assert says in err["error"]["message"] and "\n" not in err["error"]["message"]
+
+
+def test_disconnect_frees_the_slot(tmp_path: Path) -> None:
+    """One slot, no queue: a client that drops its stream frees the slot for the next request."""
+    s = Server(_config(tmp_path, max_requests=1), "--max-waiting", "0")
+    try:
+        sock = socket.create_connection(("127.0.0.1", int(s.url.split(":")[-1].split("/")[0])))
+        body = json.dumps({"prompt": "x", "max_tokens": 200, "stream": True, "ignore_eos": True}).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        assert b"200 OK" in sock.recv(4096)
+        code, _ = s.post("/completions", b'{"prompt": "y", "max_tokens": 2}')
+        assert code == 429  # the slot is taken and nothing may queue
+        sock.close()
+        for _ in range(100):
+            code, r = s.post("/completions", b'{"prompt": "y", "max_tokens": 2, "temperature": 0}')
+            if code == 200:
+                break
+            time.sleep(0.1)
+        assert code == 200 and r["usage"]["completion_tokens"] == 2
+    finally:
+        assert s.stop() == 0
+
+
+def test_sigterm_finishes_in_flight_requests(tmp_path: Path) -> None:
+    s = Server(_config(tmp_path))
+    result: dict = {}
+
+    def long_request() -> None:
+        result["r"] = s.client.completions.create(model="target", prompt="x", max_tokens=150, temperature=0,
+                                                  extra_body={"ignore_eos": True})
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    time.sleep(1.0)
+    s.proc.send_signal(signal.SIGTERM)
+    t.join(60)
+    assert s.proc.wait(60) == 0
+    assert result["r"].choices[0].finish_reason == "length" and result["r"].usage.completion_tokens == 150
