@@ -20,6 +20,7 @@ class GenStats:
     proposed: int = 0  # draft tokens proposed
     verified: int = 0  # draft tokens verified
     accepted: int = 0  # draft tokens accepted
+    drafts: int = 0  # request rounds that verified at least one draft token
     pos_attempts: list[int] = field(default_factory=list)  # per draft position: verified with prefix accepted
     pos_accepts: list[int] = field(default_factory=list)  # per draft position: accepted
     cut: int = 0  # requests stopped unfinished by generate()'s time limit
@@ -31,6 +32,7 @@ class GenStats:
         self.proposed += proposed
         self.verified += verified
         self.accepted += accepted
+        self.drafts += verified > 0
         need = min(accepted + 1, verified)
         while len(self.pos_attempts) < need:
             self.pos_attempts.append(0)

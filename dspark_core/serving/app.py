@@ -1,5 +1,5 @@
 """The OpenAI-compatible HTTP API over one engine: /v1/completions, /v1/chat/completions (SSE streaming or
-not), /v1/models, /health.
+not), /v1/models, /health, /metrics (Prometheus).
 
 Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) with one-line messages: 400 for a
 malformed body, unknown field, wrong type or a prompt that does not fit, 404 for another model's name, 429 with
@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dspark_core.errors import DSparkError
 from dspark_core.serving.chat import render
 from dspark_core.serving.driver import Chunk, Driver
+from dspark_core.serving.metrics import Metrics
 from dspark_core.serving.protocol import ChatRequest, CompletionRequest, usage
 
 if TYPE_CHECKING:
@@ -70,10 +72,11 @@ def _one_line(exc: RequestValidationError) -> tuple[str, str | None]:
 def build_app(engine: Engine, options: ServeOptions) -> FastAPI:
     """The FastAPI app; its lifespan starts the engine thread and, at shutdown, lets in-flight requests finish."""
     state: dict[str, Any] = {"live": 0, "draining": False}
+    metrics = Metrics(options.model_name)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        driver = Driver(engine, asyncio.get_running_loop())
+        driver = Driver(engine, asyncio.get_running_loop(), metrics)
         driver.start()
         state["driver"] = driver
         yield
@@ -97,6 +100,10 @@ def build_app(engine: Engine, options: ServeOptions) -> FastAPI:
         if driver.error or state["draining"]:
             return JSONResponse({"status": driver.error or "draining"}, status_code=503)
         return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -131,6 +138,7 @@ def build_app(engine: Engine, options: ServeOptions) -> FastAPI:
             raise ApiError(503, "the server is shutting down")
         cap = engine.config.batch.max_requests + options.max_waiting
         if state["live"] >= cap:
+            metrics.rejected("max_num_queued_reqs")
             raise ApiError(429, f"server busy: {state['live']} requests in flight (cap {cap}); retry later",
                            headers={"Retry-After": str(options.retry_after_s)})
         seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF

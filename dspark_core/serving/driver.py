@@ -17,6 +17,7 @@ from dspark_core.errors import DSparkError
 if TYPE_CHECKING:
     from dspark_core.engine import Engine, Output
     from dspark_core.sampling import SamplingParams
+    from dspark_core.serving.metrics import Metrics
 
 
 @dataclass
@@ -35,6 +36,8 @@ class _Stream:
 
     out: asyncio.Queue[Chunk]
     stops: list[str]
+    prompt_tokens: int = 0
+    admitted: bool = False  # its prompt was prefilled (counted once)
     tokens: list[int] = field(default_factory=list)
     sent: int = 0  # characters of the decoded text already sent
 
@@ -42,8 +45,8 @@ class _Stream:
 class Driver:
     """Owns the engine thread; `submit` / `abort` / `stop` are safe to call from the event loop."""
 
-    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop) -> None:
-        self.engine, self.loop = engine, loop
+    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop, metrics: Metrics | None = None) -> None:
+        self.engine, self.loop, self.metrics = engine, loop, metrics
         self._inbox: queue.Queue[tuple[str, object]] = queue.Queue()
         self._streams: dict[str, _Stream] = {}
         self._stopping = threading.Event()
@@ -55,7 +58,7 @@ class Driver:
 
     def submit(self, rid: str, ids: list[int], sp: SamplingParams, stops: list[str]) -> asyncio.Queue[Chunk]:
         out: asyncio.Queue[Chunk] = asyncio.Queue()
-        self._inbox.put(("add", (rid, ids, sp, _Stream(out, stops))))
+        self._inbox.put(("add", (rid, ids, sp, _Stream(out, stops, len(ids)))))
         return out
 
     def abort(self, rid: str) -> None:
@@ -76,6 +79,8 @@ class Driver:
                 if eng.has_work():
                     for u in eng.step():
                         self._emit(u.request_id, u.new_tokens, u.output)
+                    if self.metrics:
+                        self.metrics.engine_step(eng.stats, eng.num_running, eng.num_waiting)
         except Exception as exc:  # the engine broke: fail every live request instead of hanging it
             self.error = f"{type(exc).__name__}: {exc}"
             for rid in list(self._streams):
@@ -95,8 +100,7 @@ class Driver:
                 except DSparkError as e:
                     self._post(stream.out, Chunk("", 0, error=str(e)))
             elif kind == "abort" and arg in self._streams:
-                self.engine.abort(str(arg))
-                del self._streams[str(arg)]
+                self._count(self._streams.pop(str(arg)), self.engine.abort(str(arg)))
             try:
                 kind, arg = self._inbox.get_nowait()
             except queue.Empty:
@@ -107,6 +111,11 @@ class Driver:
         if st is None:
             return
         st.tokens.extend(new)
+        if self.metrics:
+            if not st.admitted:
+                self.metrics.prompt_tokens.inc(st.prompt_tokens)
+            self.metrics.generation_tokens.inc(len(new))
+        st.admitted = True
         text = self.engine.tokenizer.decode(st.tokens) if self.engine.tokenizer else ""
         finish = output.finish_reason if output is not None else None
         for s in st.stops:
@@ -114,7 +123,9 @@ class Driver:
             if at >= 0:
                 text, finish = text[:at], "stop"
                 if output is None:
-                    self.engine.abort(rid)
+                    output = self.engine.abort(rid)
+                    if output is not None:
+                        output.finish_reason = "stop"
                 break
         if finish is None and text.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for its bytes
             text = text[: st.sent]
@@ -124,8 +135,16 @@ class Driver:
         delta, st.sent = text[st.sent:], max(st.sent, len(text))
         if finish is not None:
             del self._streams[rid]
+            self._count(st, output)
         if delta or finish is not None:
             self._send(rid, Chunk(delta, len(st.tokens), finish), st)
+
+    def _count(self, st: _Stream, output: Output | None) -> None:
+        """A request left the engine: count it (a request aborted before its prefill still ran no tokens)."""
+        if self.metrics and output is not None:
+            if not st.admitted and output.token_ids:
+                self.metrics.prompt_tokens.inc(st.prompt_tokens)
+            self.metrics.finished(output.finish_reason, output.ttft_s, output.latency_s, len(output.token_ids))
 
     def _send(self, rid: str, chunk: Chunk, st: _Stream | None = None) -> None:
         st = st or self._streams.pop(rid, None)

@@ -149,6 +149,9 @@ def test_disconnect_frees_the_slot(tmp_path: Path) -> None:
                 break
             time.sleep(0.1)
         assert code == 200 and r["usage"]["completion_tokens"] == 2
+        m = _scrape(s)
+        assert m[("vllm:admission_rejections_total", "max_num_queued_reqs")] >= 1
+        assert m[("vllm:request_success_total", "abort")] == 1
     finally:
         assert s.stop() == 0
 
@@ -168,3 +171,38 @@ def test_sigterm_finishes_in_flight_requests(tmp_path: Path) -> None:
     t.join(60)
     assert s.proc.wait(60) == 0
     assert result["r"].choices[0].finish_reason == "length" and result["r"].usage.completion_tokens == 150
+
+
+def _scrape(server: Server) -> dict[tuple[str, str], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(server.url.removesuffix("/v1") + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out: dict[tuple[str, str], float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = s.labels.get("finished_reason") or s.labels.get("position") or s.labels.get("reason") or ""
+            out[(s.name, key)] = out.get((s.name, key), 0.0) + s.value
+    return out
+
+
+def test_metrics_count_what_clients_got(server: Server) -> None:
+    """vLLM's metric names; counter deltas over a batch of requests equal what the clients received."""
+    before = _scrape(server)
+    got = [server.client.completions.create(model="target", prompt=p, max_tokens=n, temperature=0)
+           for p, n in zip(PROMPTS * 2, (3, 9, 17, 5, 24, 1), strict=True)]
+    after = _scrape(server)
+
+    def delta(name: str, key: str = "") -> float:
+        return after.get((name, key), 0.0) - before.get((name, key), 0.0)
+
+    assert delta("vllm:request_success_total", "length") == len(got)
+    assert delta("vllm:generation_tokens_total") == sum(r.usage.completion_tokens for r in got)
+    assert delta("vllm:prompt_tokens_total") == sum(r.usage.prompt_tokens for r in got)
+    assert delta("vllm:time_to_first_token_seconds_count") == len(got)
+    assert delta("vllm:e2e_request_latency_seconds_count") == len(got)
+    accepted = delta("vllm:spec_decode_num_accepted_tokens_total")
+    drafted = delta("vllm:spec_decode_num_draft_tokens_total")
+    assert 0 < accepted <= drafted <= delta("dspark:proposed_draft_tokens_total")
+    assert sum(delta("vllm:spec_decode_num_accepted_tokens_per_pos_total", str(p)) for p in range(16)) == accepted
+    assert after[("vllm:num_requests_running", "")] == 0

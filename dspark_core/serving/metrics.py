@@ -1,0 +1,105 @@
+"""The server's Prometheus metrics (GET /metrics).
+
+Where vLLM 0.33 exports the same quantity, the metric has vLLM's name, labels (`model_name`, `engine`) and
+meaning (vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py), so one dashboard and `monitor` read
+either server: requests running / waiting, prompt and generation tokens, finished requests by reason, TTFT,
+inter-token and end-to-end latency, admission rejections, and the speculative counters (drafts, drafted =
+verified draft tokens, accepted, accepted per position). DSpark's own signals are `dspark:*`: tokens the
+drafter proposed (the scheduler verifies a prefix of them), target forwards and the tokens they verified."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from dspark_core.stats import GenStats
+
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                   20.0, 40.0, 80.0, 160.0)  # seconds, vLLM's TTFT buckets
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0)  # seconds, vLLM's inter-token buckets
+MAX_POSITIONS = 16  # the largest block the engine drafts
+
+
+@dataclass
+class _Seen:
+    """The engine's cumulative counters at the previous step (GenStats is cumulative)."""
+
+    steps: int = 0
+    verify_tokens: int = 0
+    proposed: int = 0
+    verified: int = 0
+    accepted: int = 0
+    drafts: int = 0
+    pos: tuple[int, ...] = ()
+
+
+class Metrics:
+    """One registry per server; the engine thread updates it after each step."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        r, names, lv = self.registry, ["model_name", "engine"], (model_name, "0")
+        self._lv = lv
+        self.running = Gauge("vllm:num_requests_running", "Requests in model execution batches.", names,
+                             registry=r).labels(*lv)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be processed.", names,
+                             registry=r).labels(*lv)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", names, registry=r).labels(*lv)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generation tokens processed.", names,
+                                         registry=r).labels(*lv)
+        self._success = Counter("vllm:request_success", "Successfully processed requests.",
+                                names + ["finished_reason"], registry=r)
+        self._rejected = Counter("vllm:admission_rejections", "Admission attempts rejected by a queue limit, by "
+                                 "reason.", ["model_name", "reason"], registry=r)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token in seconds.", names,
+                              buckets=LATENCY_BUCKETS, registry=r).labels(*lv)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency in seconds.", names,
+                             buckets=ITL_BUCKETS, registry=r).labels(*lv)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency in seconds.", names,
+                             buckets=LATENCY_BUCKETS, registry=r).labels(*lv)
+        self.drafts = Counter("vllm:spec_decode_num_drafts", "Speculative drafts (a request's round that drafted).",
+                              names, registry=r).labels(*lv)
+        self.draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Draft tokens verified.", names,
+                                    registry=r).labels(*lv)
+        self.accepted = Counter("vllm:spec_decode_num_accepted_tokens", "Accepted draft tokens.", names,
+                                registry=r).labels(*lv)
+        per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+                          names + ["position"], registry=r)
+        self.accepted_pos = [per_pos.labels(*lv, str(p)) for p in range(MAX_POSITIONS)]
+        self.proposed = Counter("dspark:proposed_draft_tokens", "Draft tokens the drafter proposed (the verify "
+                                "scheduler verifies a prefix of them).", names, registry=r).labels(*lv)
+        self.steps = Counter("dspark:target_forwards", "Target decode forwards (one verify step of the batch).",
+                             names, registry=r).labels(*lv)
+        self.verify_tokens = Counter("dspark:verify_tokens", "Tokens the decode forwards processed (anchors + "
+                                     "verified drafts).", names, registry=r).labels(*lv)
+        self._seen = _Seen()
+
+    def finished(self, reason: str, ttft_s: float | None, latency_s: float | None, tokens: int) -> None:
+        self._success.labels(*self._lv, reason).inc()
+        if ttft_s is not None:
+            self.ttft.observe(ttft_s)
+        if latency_s is not None:
+            self.e2e.observe(latency_s)
+            if ttft_s is not None and tokens > 1:
+                self.itl.observe((latency_s - ttft_s) / (tokens - 1))
+
+    def rejected(self, reason: str) -> None:
+        self._rejected.labels(self._lv[0], reason).inc()
+
+    def engine_step(self, stats: GenStats, running: int, waiting: int) -> None:
+        """Add what the engine counted since the previous call."""
+        s = self._seen
+        self.steps.inc(stats.steps - s.steps)
+        self.verify_tokens.inc(stats.verify_tokens - s.verify_tokens)
+        self.proposed.inc(stats.proposed - s.proposed)
+        self.draft_tokens.inc(stats.verified - s.verified)
+        self.accepted.inc(stats.accepted - s.accepted)
+        self.drafts.inc(stats.drafts - s.drafts)
+        for p, n in enumerate(stats.pos_accepts[:MAX_POSITIONS]):
+            self.accepted_pos[p].inc(n - (s.pos[p] if p < len(s.pos) else 0))
+        self._seen = _Seen(stats.steps, stats.verify_tokens, stats.proposed, stats.verified, stats.accepted,
+                           stats.drafts, tuple(stats.pos_accepts))
+        self.running.set(running)
+        self.waiting.set(waiting)
