@@ -43,15 +43,19 @@ def serve_cmd(
     cfg = _config(config, model)
     engine = Engine(cfg)
     name = served_name or Path(cfg.model.path).name
-    app = build_app(engine, ServeOptions(model_name=name, max_waiting=max_waiting))
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
     except OSError as e:
         raise DSparkError(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port or --host") from None
-    bound = sock.getsockname()[1]
-    typer.echo(f"serving {name} ({engine.stats.method}) on http://{host}:{bound}/v1", err=True)
+    sock.listen(2048)  # connections wait in the backlog until uvicorn accepts them
+    url = f"http://{host}:{sock.getsockname()[1]}/v1"
+
+    def ready() -> None:
+        typer.echo(f"serving {name} ({engine.stats.method}) on {url}", err=True)
+
+    app = build_app(engine, ServeOptions(model_name=name, max_waiting=max_waiting, on_ready=ready))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace))
     for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn re-raises the signal after its graceful shutdown: a
         signal.signal(sig, lambda *_: None)  # drained stop is a normal exit (0), not a death by signal

@@ -12,7 +12,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,6 +39,7 @@ class ServeOptions:
     model_name: str  # the id /v1/models lists and requests may name
     max_waiting: int = 64  # requests queued beyond the running batch before new ones get 429
     retry_after_s: int = 1  # the Retry-After a 429 carries
+    on_ready: Callable[[], None] | None = None  # called once the engine thread runs (the server then accepts)
 
 
 class ApiError(Exception):
@@ -79,6 +80,8 @@ def build_app(engine: Engine, options: ServeOptions) -> FastAPI:
         driver = Driver(engine, asyncio.get_running_loop(), metrics)
         driver.start()
         state["driver"] = driver
+        if options.on_ready:
+            options.on_ready()
         yield
         state["draining"] = True
         await asyncio.to_thread(driver.stop)

@@ -4,15 +4,10 @@ outputs; bad bodies, oversize prompts, disconnects and SIGTERM behave as documen
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,59 +17,26 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
-from dspark_core.config import EngineConfig, save_config  # noqa: E402
+from dspark_core.config import load_config  # noqa: E402
 from dspark_core.engine import Engine  # noqa: E402
 from dspark_core.sampling import SamplingParams  # noqa: E402
+from tests.serving import Server, scrape, serve_config  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["import os\nimport sys\n\n\ndef main(", "for i in range(10):\n    if i % 2 == 0:\n",
            "class Stack:\n    def push(self, item):\n"]
 
 
-def _config(tmp: Path, max_requests: int = 4) -> Path:
-    cfg = EngineConfig(device="cpu")
-    cfg.batch.max_requests = max_requests
-    cfg.model.max_seq_len = 256
-    return save_config(cfg, tmp / "dspark.yaml")
-
-
-class Server:
-    def __init__(self, config: Path, *extra: str) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "serve", "--config", str(config),
-                                      "--port", "0", "--threads", "1", *extra],
-                                     stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-        line = self.proc.stderr.readline()
-        assert "serving" in line, line + self.proc.stderr.read()
-        self.url = line.strip().rsplit(" ", 1)[-1]  # http://127.0.0.1:PORT/v1
-        self.client = openai.OpenAI(base_url=self.url, api_key="none", max_retries=0)
-
-    def post(self, path: str, body: bytes) -> tuple[int, dict]:
-        req = urllib.request.Request(self.url + path, data=body, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=60) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(60)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[Server]:
-    s = Server(_config(tmp_path_factory.mktemp("serve")))
+    s = Server(serve_config(tmp_path_factory.mktemp("serve")))
     yield s
     assert s.stop() == 0
 
 
 @pytest.fixture(scope="module")
 def expected(tmp_path_factory) -> list[str]:
-    from dspark_core.config import load_config
 
-    eng = Engine(load_config(_config(tmp_path_factory.mktemp("gen"))))
+    eng = Engine(load_config(serve_config(tmp_path_factory.mktemp("gen"))))
     return [o.text for o in eng.generate(PROMPTS, SamplingParams(max_new_tokens=24)).outputs]
 
 
@@ -133,7 +95,7 @@ def test_bad_requests_get_one_line(server: Server, body: bytes, status: int, say
 
 def test_disconnect_frees_the_slot(tmp_path: Path) -> None:
     """One slot, no queue: a client that drops its stream frees the slot for the next request."""
-    s = Server(_config(tmp_path, max_requests=1), "--max-waiting", "0")
+    s = Server(serve_config(tmp_path, max_requests=1), "--max-waiting", "0")
     try:
         sock = socket.create_connection(("127.0.0.1", int(s.url.split(":")[-1].split("/")[0])))
         body = json.dumps({"prompt": "x", "max_tokens": 200, "stream": True, "ignore_eos": True}).encode()
@@ -149,7 +111,7 @@ def test_disconnect_frees_the_slot(tmp_path: Path) -> None:
                 break
             time.sleep(0.1)
         assert code == 200 and r["usage"]["completion_tokens"] == 2
-        m = _scrape(s)
+        m = scrape(s)
         assert m[("vllm:admission_rejections_total", "max_num_queued_reqs")] >= 1
         assert m[("vllm:request_success_total", "abort")] == 1
     finally:
@@ -157,7 +119,7 @@ def test_disconnect_frees_the_slot(tmp_path: Path) -> None:
 
 
 def test_sigterm_finishes_in_flight_requests(tmp_path: Path) -> None:
-    s = Server(_config(tmp_path))
+    s = Server(serve_config(tmp_path))
     result: dict = {}
 
     def long_request() -> None:
@@ -173,25 +135,13 @@ def test_sigterm_finishes_in_flight_requests(tmp_path: Path) -> None:
     assert result["r"].choices[0].finish_reason == "length" and result["r"].usage.completion_tokens == 150
 
 
-def _scrape(server: Server) -> dict[tuple[str, str], float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(server.url.removesuffix("/v1") + "/metrics", timeout=30) as r:
-        text = r.read().decode()
-    out: dict[tuple[str, str], float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            key = s.labels.get("finished_reason") or s.labels.get("position") or s.labels.get("reason") or ""
-            out[(s.name, key)] = out.get((s.name, key), 0.0) + s.value
-    return out
-
 
 def test_metrics_count_what_clients_got(server: Server) -> None:
     """vLLM's metric names; counter deltas over a batch of requests equal what the clients received."""
-    before = _scrape(server)
+    before = scrape(server)
     got = [server.client.completions.create(model="target", prompt=p, max_tokens=n, temperature=0)
            for p, n in zip(PROMPTS * 2, (3, 9, 17, 5, 24, 1), strict=True)]
-    after = _scrape(server)
+    after = scrape(server)
 
     def delta(name: str, key: str = "") -> float:
         return after.get((name, key), 0.0) - before.get((name, key), 0.0)
