@@ -57,6 +57,11 @@ def register(app: typer.Typer) -> None:
         slo_ttft_ms: SloTtftOpt = None,
         slo_tpot_ms: SloTpotOpt = None,
         drafter: DrafterOpt = None,
+        from_monitor: Annotated[bool, typer.Option(
+            "--from-monitor", help="Take acceptance (tau, by position, per head) from a monitored deployment "
+                                   "instead of committed measurements or priors: the next tune uses it.")] = False,
+        deployment: Annotated[str, typer.Option(help="With --from-monitor: the deployment id, or latest.")
+                              ] = "latest",
         list_models: Annotated[bool, typer.Option("--list-models", help="List the model catalogue.")] = False,
         list_gpus: Annotated[bool, typer.Option("--list-gpus", help="List the GPU catalogue.")] = False,
     ) -> None:
@@ -72,6 +77,15 @@ def register(app: typer.Typer) -> None:
 
         p = _build_with_progress(model, gpu, workload, measure, entropy, quiet=json_out, quality=quality,
                                  gpus=gpus, traffic=Traffic(concurrency, slo_ttft_ms, slo_tpot_ms), drafter=drafter)
+        if from_monitor:
+            from kb.db import open_db
+            from kb.deployments import monitored_acceptance
+
+            database = open_db(db)
+            try:
+                p.accept = monitored_acceptance(database, deployment, p.workload.domain)
+            finally:
+                database.dispose()
         profile_id = None
         if store:
             from kb.db import open_db

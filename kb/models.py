@@ -72,4 +72,4 @@ class PlanRow(Base):
     body: Mapped[dict[str, Any]] = mapped_column(JSON)  # kb.match.Plan as JSON
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
-from kb import models_kernels  # noqa: E402,F401  (registers the kernel_configs table, issue 8)
+from kb import models_kernels, models_live  # noqa: E402,F401  (register kernel_configs, deployments)

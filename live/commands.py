@@ -1,4 +1,4 @@
-"""`loadgen` (and `monitor`): commands over a live OpenAI-compatible deployment."""
+"""`loadgen` and `monitor`: commands over a live OpenAI-compatible deployment."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from kb.cli_common import JsonOpt, console, err_console, print_json
+from kb.cli_common import DbOpt, JsonOpt, console, err_console, print_json
 from profiler.errors import ProfileError
 
 UrlOpt = Annotated[str, typer.Option("--url", help="The server, e.g. http://127.0.0.1:8000/v1 (ours, vLLM's or "
@@ -79,5 +79,158 @@ def loadgen_cmd(
         c.print(f"records -> {out}")
 
 
+monitor_app = typer.Typer(help="Watch a server's Prometheus metrics (ours, vLLM's or SGLang's), store them in the "
+                                 "knowledge base and compare them with a bundle's predictions.",
+                            invoke_without_command=True, no_args_is_help=False)
+
+
+@monitor_app.callback()
+def monitor_cmd(
+    ctx: typer.Context,
+    url: Annotated[str | None, typer.Option("--url", help="The server (its base, /v1 or /metrics URL).")] = None,
+    bundle: Annotated[Path | None, typer.Option(help="The bundle it serves (out/): compare with its predictions.")
+                      ] = None,
+    interval: Annotated[float, typer.Option(min=0.05, help="Seconds between scrapes.")] = 5.0,
+    samples: Annotated[int | None, typer.Option(min=1, help="Stop after this many scrapes.")] = None,
+    duration: Annotated[float | None, typer.Option(min=0.0, help="Stop after this many seconds (default: "
+                                                                 "Ctrl-C).")] = None,
+    tolerance: Annotated[float, typer.Option(min=0.0, help="Relative difference from a prediction that counts "
+                                                           "as drift.")] = 0.15,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Scrape a server's /metrics on an interval, store every sample, show a live view against the bundle's
+    predictions and flag drift. Subcommands: report (PNG plots), list."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if url is None:
+        raise ProfileError("monitor: give --url URL of the server to watch (or a subcommand: report, list)")
+    from rich.live import Live
+
+    from kb.db import open_db
+    from kb.deployments import add_sample, start_deployment, window
+    from live.monitor import compare, metrics_url, predictions, scrape, watch
+
+    pred = predictions(bundle) if bundle is not None else {}
+    target = metrics_url(url)
+    first = scrape(target)  # fails with one line before anything is stored
+    database = open_db(db)
+    dep = start_deployment(database, target, first.kind, str(bundle) if bundle else None, pred or None)
+    add_sample(database, dep, first)
+    seen = [first]
+
+    def view():  # noqa: ANN202 - rich Table
+        return _monitor_table(dep, seen, pred, tolerance)
+
+    with Live(view(), console=err_console, refresh_per_second=2, transient=json_out) as live:
+        def on_sample(sample) -> None:  # noqa: ANN001 - live.scrape.Sample
+            add_sample(database, dep, sample)
+            seen.append(sample)
+            live.update(view())
+
+        watch(target, interval, None if samples is None else samples - 1, duration, on_sample,
+              sleep=lambda s: _sleep(s, interval))
+    whole = window(seen[0], seen[-1])
+    checks = compare(whole, pred, tolerance) if pred else []
+    result = {"deployment_id": dep, "url": target, "kind": first.kind, "samples": len(seen), "window": whole,
+              "drift": [c.metric for c in checks if c.drift]}
+    if json_out:
+        print_json(result)
+        return
+    console.print(f"deployment {dep}: {len(seen)} samples of {target} stored; drift: "
+                  f"{', '.join(result['drift']) or 'none'}" + ("" if pred else " (no --bundle to compare with)"))
+
+
+def _sleep(seconds: float, interval: float) -> None:
+    import time
+
+    time.sleep(min(seconds, interval))
+
+
+def _fmt(v) -> str:  # noqa: ANN001 - float | list | None
+    if v is None:
+        return "-"
+    if isinstance(v, list):
+        return " ".join(f"{x:.2f}" for x in v[:8]) + (" ..." if len(v) > 8 else "")
+    return f"{v:,.2f}"
+
+
+def _monitor_table(dep: int, seen: list, pred: dict, tolerance: float):  # noqa: ANN202 - rich Table
+    from rich.table import Table
+
+    from kb.deployments import window
+    from live.monitor import compare
+
+    last = window(seen[-2], seen[-1]) if len(seen) > 1 else {}
+    whole = window(seen[0], seen[-1]) if len(seen) > 1 else {}
+    table = Table(title=f"deployment {dep}: {len(seen)} samples ({seen[-1].kind})")
+    for col in ("figure", "last interval", "whole watch", "predicted", "drift"):
+        table.add_column(col)
+    checks = {c.metric: c for c in compare(whole, pred, tolerance)} if whole else {}
+    rows = [("tau", "tau"), ("p99 TPOT ms", "itl_p99_ms"), ("p99 TTFT ms", "ttft_p99_ms"),
+            ("acceptance by position", "position_acceptance")]
+    for label, key in rows:
+        c = checks.get(label)
+        drift = "-" if c is None or c.drift is None else "[red]DRIFT[/]" if c.drift else "ok"
+        table.add_row(label, _fmt(last.get(key)), _fmt(whole.get(key)), _fmt(c.predicted if c else None), drift)
+    for label, key in (("output tok/s", "output_tokens_per_s"), ("running", "running"), ("waiting", "waiting"),
+                       ("finished", "finished"), ("429s", "rejected")):
+        table.add_row(label, _fmt(last.get(key)), _fmt(whole.get(key)), "-", "-")
+    return table
+
+
+@monitor_app.command("list")
+def monitor_list_cmd(db: DbOpt = None, json_out: JsonOpt = False) -> None:
+    """The monitored deployments: id, URL, server family, bundle, samples."""
+    from rich.table import Table
+
+    from kb.db import open_db
+    from kb.deployments import list_deployments
+
+    rows = list_deployments(open_db(db))
+    if json_out:
+        print_json(rows)
+        return
+    table = Table(title="monitored deployments")
+    for col in ("id", "url", "kind", "bundle", "samples", "started"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(str(r["deployment_id"]), r["url"], r["kind"], r["bundle"] or "-", str(r["samples"]),
+                      r["started_at"][:19])
+    console.print(table)
+
+
+@monitor_app.command("report")
+def monitor_report_cmd(
+    deployment: Annotated[str, typer.Option(help="Deployment id, or latest.")] = "latest",
+    out: Annotated[Path | None, typer.Option(help="PNG to write (default: monitor_<id>.png here; an existing file "
+                                                  "needs --force).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """PNG plots of a watched deployment over time: tau, acceptance by position, latency percentiles, load."""
+    from kb.db import open_db
+    from kb.deployments import deployment as load
+    from kb.deployments import resolve
+    from live.plots import report_png
+
+    database = open_db(db)
+    dep = resolve(database, deployment)
+    info, samples = load(database, dep)
+    if len(samples) < 2:
+        raise ProfileError(f"deployment {dep} has {len(samples)} sample(s); a report needs two or more (monitor "
+                           "with --samples 2 or more)")
+    path = out or Path(f"monitor_{dep}.png")
+    if path.exists() and not force:
+        raise ProfileError(f"--out {path} exists; pass --force to replace it or choose another file")
+    whole = report_png(info, samples, path)
+    if json_out:
+        print_json({"deployment_id": dep, "png": str(path), "window": whole})
+        return
+    console.print(f"deployment {dep}: {len(samples)} samples -> {path}")
+
+
 def register(app: typer.Typer) -> None:
     app.command("loadgen")(loadgen_cmd)
+    app.add_typer(monitor_app, name="monitor")

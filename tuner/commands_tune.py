@@ -69,7 +69,14 @@ def resolve_profile(database, model: str | None, gpu: str | None, workload: str 
                             quality=base.workload.quality if base else None,
                             gpus=base.hw.count if base and base.hw else None, traffic=traffic,
                             drafter=drafter or (base.drafter.chosen if same_model and base else None))
+    if same_model and base is not None and not workload and not drafter and _from_production(base):
+        profile.accept = base.accept  # a deployment's measured acceptance holds on any GPU: keep it
     return save_profile(database, profile), profile
+
+
+def _from_production(p) -> bool:  # noqa: ANN001 - profiler.schema.Profile
+    """The profile's acceptance was measured on a live deployment (`profile --from-monitor`)."""
+    return (p.accept.source or "").startswith("measured: monitor ")
 
 
 def _default_study(profile, plan_json: dict[str, Any], mode: str, objectives: list[str], seed: int,

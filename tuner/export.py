@@ -155,6 +155,7 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
             "study": name, "trial": trial.number, "mode": evaluator.mode, "meets_slo": best is not None,
             "profile_hash": profile.content_hash(), "profile_id": spec.profile_id, "plan_id": spec.plan_id,
             "rules": plan.rule_refs(), "params": params, "metrics": metrics,
+            "predicted_acceptance": _predicted_acceptance(profile, params),
             "model": config.model.path, "drafter": {"path": drafter, "source": profile.drafter.source,
                                                    "measured": str(measured) if measured else None},
             "sps_table": "modelled" if evaluator.mode == "simulate" else "measured",
@@ -164,6 +165,18 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
 
     files = write_bundle(out, build)
     return ExportResult(out, files, trial.number, best is not None, metrics, params, evaluator.mode)
+
+
+def _predicted_acceptance(profile, params: dict) -> dict | None:  # noqa: ANN001 - profiler.schema.Profile
+    """The per-position acceptance the tuner assumed for the exported drafter (what `monitor` checks)."""
+    if not params.get("spec.enabled", True):
+        return None
+    from tuner.acceptance import acceptance_for
+
+    head, gamma = str(params["spec.head"]), int(params["spec.block_size"])
+    model = acceptance_for(profile, head, draft_layers=int(params.get("spec.draft_layers", 0)) or None)
+    return {"head": head, "gamma": gamma, "position_acceptance": [round(a, 4) for a in model.alphas(gamma)],
+            "tau": round(model.tau(gamma), 4), "source": model.source}
 
 
 def _write_kernels(folder: Path, db_url: str, gpu: str | None) -> bool:

@@ -73,7 +73,10 @@ def _one_line(exc: RequestValidationError) -> tuple[str, str | None]:
 def build_app(engine: Engine, options: ServeOptions) -> FastAPI:
     """The FastAPI app; its lifespan starts the engine thread and, at shutdown, lets in-flight requests finish."""
     state: dict[str, Any] = {"live": 0, "draining": False}
-    metrics = Metrics(options.model_name)
+    spec = engine.config.spec
+    metrics = Metrics(options.model_name, {"method": engine.stats.method, "head": spec.head,
+                                           "block_size": str(spec.block_size if engine.drafter else 0),
+                                           "scheduler": spec.scheduler})
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

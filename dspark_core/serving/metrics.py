@@ -4,8 +4,9 @@ Where vLLM 0.33 exports the same quantity, the metric has vLLM's name, labels (`
 meaning (vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py), so one dashboard and `monitor` read
 either server: requests running / waiting, prompt and generation tokens, finished requests by reason, TTFT,
 inter-token and end-to-end latency, admission rejections, and the speculative counters (drafts, drafted =
-verified draft tokens, accepted, accepted per position). DSpark's own signals are `dspark:*`: tokens the
-drafter proposed (the scheduler verifies a prefix of them), target forwards and the tokens they verified."""
+verified draft tokens, accepted, accepted per position). SGLang's DSpark gauges keep its names (tau and the verify
+window of the last step). DSpark's own signals are `dspark:*`: tokens the drafter proposed (the scheduler verifies
+a prefix of them), the attempts behind each position's acceptance, target forwards and the tokens they verified."""
 
 from __future__ import annotations
 
@@ -33,15 +34,20 @@ class _Seen:
     accepted: int = 0
     drafts: int = 0
     pos: tuple[int, ...] = ()
+    tried: tuple[int, ...] = ()
+    rounds: int = 0
 
 
 class Metrics:
     """One registry per server; the engine thread updates it after each step."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, engine_info: dict[str, str] | None = None) -> None:
         self.registry = CollectorRegistry()
         r, names, lv = self.registry, ["model_name", "engine"], (model_name, "0")
         self._lv = lv
+        info = engine_info or {}
+        Gauge("dspark:engine_info", "What the engine runs (value 1): method, sequential head, block size, verify "
+              "scheduler.", names + sorted(info), registry=r).labels(*lv, *(info[k] for k in sorted(info))).set(1)
         self.running = Gauge("vllm:num_requests_running", "Requests in model execution batches.", names,
                              registry=r).labels(*lv)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be processed.", names,
@@ -68,6 +74,15 @@ class Metrics:
         per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
                           names + ["position"], registry=r)
         self.accepted_pos = [per_pos.labels(*lv, str(p)) for p in range(MAX_POSITIONS)]
+        tried = Counter("dspark:spec_decode_num_verified_tokens_per_pos", "Draft tokens verified per position with "
+                        "every earlier position accepted (the attempts behind the per-position acceptance).",
+                        names + ["position"], registry=r)
+        self.verified_pos = [tried.labels(*lv, str(p)) for p in range(MAX_POSITIONS)]
+        self.accept_length = Gauge("sglang:spec_accept_length", "Mean acceptance length (accepted drafts + the "
+                                   "bonus token) of the last step's verified rounds (SGLang's meaning).", names,
+                                   registry=r).labels(*lv)
+        self.cap_length = Gauge("sglang:spec_cap_length", "Mean verify window of the last step, incl. the bonus "
+                                "slot (SGLang's DSpark gauge).", names, registry=r).labels(*lv)
         self.proposed = Counter("dspark:proposed_draft_tokens", "Draft tokens the drafter proposed (the verify "
                                 "scheduler verifies a prefix of them).", names, registry=r).labels(*lv)
         self.steps = Counter("dspark:target_forwards", "Target decode forwards (one verify step of the batch).",
@@ -99,7 +114,14 @@ class Metrics:
         self.drafts.inc(stats.drafts - s.drafts)
         for p, n in enumerate(stats.pos_accepts[:MAX_POSITIONS]):
             self.accepted_pos[p].inc(n - (s.pos[p] if p < len(s.pos) else 0))
+        for p, n in enumerate(stats.pos_attempts[:MAX_POSITIONS]):
+            self.verified_pos[p].inc(n - (s.tried[p] if p < len(s.tried) else 0))
+        drafts, rounds = stats.drafts - s.drafts, stats.rounds - s.rounds
+        if drafts:
+            self.accept_length.set(1.0 + (stats.accepted - s.accepted) / drafts)
+        if rounds:
+            self.cap_length.set(1.0 + (stats.verified - s.verified) / rounds)
         self._seen = _Seen(stats.steps, stats.verify_tokens, stats.proposed, stats.verified, stats.accepted,
-                           stats.drafts, tuple(stats.pos_accepts))
+                           stats.drafts, tuple(stats.pos_accepts), tuple(stats.pos_attempts), stats.rounds)
         self.running.set(running)
         self.waiting.set(waiting)
