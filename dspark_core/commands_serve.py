@@ -22,6 +22,11 @@ def serve_cmd(
                                                          "ones get 429.")] = 64,
     grace: Annotated[float, typer.Option(min=0.0, help="Seconds in-flight requests get to finish after SIGTERM "
                                                        "or Ctrl-C.")] = 30.0,
+    adaptive: Annotated[bool, typer.Option("--adaptive/--static", help="Adapt the batching timeout (bounded by "
+                                           "batch.timeout_ms) and engine-wide speculation to the observed arrivals "
+                                           "and the SPS table, or keep the config's values.")] = True,
+    slo_ttft_ms: Annotated[float | None, typer.Option(min=1.0, help="Adaptive: refuse (429) a request whose "
+                                                      "predicted TTFT exceeds this.")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="torch CPU threads (default: torch's).")] = None,
 ) -> None:
     """Serve the engine: /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health."""
@@ -55,7 +60,8 @@ def serve_cmd(
     def ready() -> None:
         typer.echo(f"serving {name} ({engine.stats.method}) on {url}", err=True)
 
-    app = build_app(engine, ServeOptions(model_name=name, max_waiting=max_waiting, on_ready=ready))
+    app = build_app(engine, ServeOptions(model_name=name, max_waiting=max_waiting, on_ready=ready, adaptive=adaptive,
+                                         ttft_slo_s=slo_ttft_ms / 1e3 if slo_ttft_ms else None))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace))
     for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn re-raises the signal after its graceful shutdown: a
         signal.signal(sig, lambda *_: None)  # drained stop is a normal exit (0), not a death by signal

@@ -116,6 +116,7 @@ class Engine:
         self._running: list[_Request] = []  # holding a slot, in slot order
         self._ids: dict[str, _Request] = {}  # every unfinished request by id
         self._next_id = 0
+        self.gamma_cap: int | None = None  # serve's engine-wide block length under load (0: plain decoding)
 
     # -- online API -------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], sampling: SamplingParams | None = None,
@@ -321,6 +322,8 @@ class Engine:
     def _round(self, running: list[_Request]) -> list[list[int]]:
         """One speculative round for every running request; returns the tokens each committed."""
         block = self.config.spec.block_size if self.drafter else 0
+        if self.gamma_cap is not None:
+            block = min(block, self.gamma_cap)
         reqs = []
         for r in running:
             remaining = r.sp.max_new_tokens - len(r.out)

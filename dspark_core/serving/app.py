@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dspark_core.errors import DSparkError
+from dspark_core.serving.batcher import Batcher
 from dspark_core.serving.chat import render
 from dspark_core.serving.driver import Chunk, Driver
 from dspark_core.serving.metrics import Metrics
@@ -40,6 +41,8 @@ class ServeOptions:
     max_waiting: int = 64  # requests queued beyond the running batch before new ones get 429
     retry_after_s: int = 1  # the Retry-After a 429 carries
     on_ready: Callable[[], None] | None = None  # called once the engine thread runs (the server then accepts)
+    adaptive: bool = True  # batching timeout, engine-wide speculation and SLO admission adapt to the load
+    ttft_slo_s: float | None = None  # p99 TTFT target: a request predicted to miss it gets 429 (adaptive only)
 
 
 class ApiError(Exception):
@@ -80,7 +83,9 @@ def build_app(engine: Engine, options: ServeOptions) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        driver = Driver(engine, asyncio.get_running_loop(), metrics)
+        batcher = await asyncio.to_thread(make_batcher, engine, options)
+        state["batcher"] = batcher
+        driver = Driver(engine, asyncio.get_running_loop(), metrics, batcher)
         driver.start()
         state["driver"] = driver
         if options.on_ready:
@@ -143,6 +148,13 @@ def build_app(engine: Engine, options: ServeOptions) -> FastAPI:
         if state["draining"]:
             raise ApiError(503, "the server is shutting down")
         cap = engine.config.batch.max_requests + options.max_waiting
+        ahead = max(0, state["live"] - engine.config.batch.max_requests)
+        ok, ttft = state["batcher"].admit(ahead)
+        if not ok:
+            metrics.rejected("predicted_ttft")
+            raise ApiError(429, f"server busy: predicted TTFT {ttft * 1e3:.0f} ms exceeds the SLO of "
+                                f"{options.ttft_slo_s * 1e3:.0f} ms; retry later",
+                           headers={"Retry-After": str(options.retry_after_s)})
         if state["live"] >= cap:
             metrics.rejected("max_num_queued_reqs")
             raise ApiError(429, f"server busy: {state['live']} requests in flight (cap {cap}); retry later",
@@ -229,6 +241,24 @@ def build_app(engine: Engine, options: ServeOptions) -> FastAPI:
         return await run(body, request, prompt, body.max_completion_tokens or body.max_tokens, chat=True)
 
     return app
+
+
+def make_batcher(engine: Engine, options: ServeOptions) -> Batcher:
+    """The batcher with the engine's SPS table: the config's (a bundle's sps.json), else profiled here."""
+    from dspark_core.sps import SpsTable
+
+    c = engine.config
+    gamma = c.spec.block_size if engine.drafter else 0
+    sps = None
+    if options.adaptive and gamma:
+        if c.spec.sps_path:
+            sps = SpsTable.load(c.spec.sps_path)
+        else:
+            from dspark_core.verify_scheduler import profile_target_sps
+
+            sps = profile_target_sps(engine.target, c.batch.max_requests * (gamma + 1), rows=c.batch.max_requests,
+                                     affine=engine.target.device.type == "cpu")
+    return Batcher(c.batch.max_requests, c.batch.timeout_ms / 1e3, gamma, sps, options.adaptive, options.ttft_slo_s)
 
 
 async def _collect(out: asyncio.Queue[Chunk], request: Request, driver: Driver,

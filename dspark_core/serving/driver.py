@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ from dspark_core.errors import DSparkError
 if TYPE_CHECKING:
     from dspark_core.engine import Engine, Output
     from dspark_core.sampling import SamplingParams
+    from dspark_core.serving.batcher import Batcher
     from dspark_core.serving.metrics import Metrics
 
 
@@ -45,8 +47,10 @@ class _Stream:
 class Driver:
     """Owns the engine thread; `submit` / `abort` / `stop` are safe to call from the event loop."""
 
-    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop, metrics: Metrics | None = None) -> None:
-        self.engine, self.loop, self.metrics = engine, loop, metrics
+    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop, metrics: Metrics | None = None,
+                 batcher: Batcher | None = None) -> None:
+        self.engine, self.loop, self.metrics, self.batcher = engine, loop, metrics, batcher
+        self._seen: tuple[list[int], list[int]] = ([], [])  # engine.stats per-position counts at the last step
         self._inbox: queue.Queue[tuple[str, object]] = queue.Queue()
         self._streams: dict[str, _Stream] = {}
         self._stopping = threading.Event()
@@ -77,18 +81,42 @@ class Driver:
             while not (self._stopping.is_set() and not eng.has_work() and self._inbox.empty()):
                 self._take(block=not eng.has_work())
                 if eng.has_work():
+                    self._batch()
                     for u in eng.step():
                         self._emit(u.request_id, u.new_tokens, u.output)
-                    if self.metrics:
-                        self.metrics.engine_step(eng.stats, eng.num_running, eng.num_waiting)
+                    self._observe()
         except Exception as exc:  # the engine broke: fail every live request instead of hanging it
             self.error = f"{type(exc).__name__}: {exc}"
             for rid in list(self._streams):
                 self._send(rid, Chunk("", 0, error=self.error))
 
-    def _take(self, block: bool) -> None:
+    def _batch(self) -> None:
+        """Apply the batcher's decision: the engine-wide block length, and a wait for more arrivals when idle."""
+        if self.batcher is None:
+            return
+        eng = self.engine
+        d = self.batcher.decide(time.perf_counter(), eng.num_running, eng.num_waiting)
+        eng.gamma_cap = d.gamma
+        deadline = time.perf_counter() + d.wait_s
+        while eng.num_waiting < eng.config.batch.max_requests and (left := deadline - time.perf_counter()) > 0:
+            self._take(block=True, timeout=left)
+
+    def _observe(self) -> None:
+        eng, st = self.engine, self.engine.stats
+        if self.batcher is not None:
+            acc, att = self._seen
+            self.batcher.rounds([n - (acc[k] if k < len(acc) else 0) for k, n in enumerate(st.pos_accepts)],
+                                [n - (att[k] if k < len(att) else 0) for k, n in enumerate(st.pos_attempts)])
+        self._seen = (list(st.pos_accepts), list(st.pos_attempts))
+        if self.metrics:
+            block = eng.config.spec.block_size if eng.drafter else 0
+            self.metrics.engine_step(st, eng.num_running, eng.num_waiting,
+                                     block if eng.gamma_cap is None else min(block, eng.gamma_cap),
+                                     self.batcher.switches if self.batcher else 0)
+
+    def _take(self, block: bool, timeout: float = 0.05) -> None:
         try:
-            kind, arg = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
+            kind, arg = self._inbox.get(timeout=timeout) if block else self._inbox.get_nowait()
         except queue.Empty:
             return
         while True:
@@ -97,6 +125,8 @@ class Driver:
                 try:
                     self.engine.add_request(ids, sp, request_id=rid)
                     self._streams[rid] = stream
+                    if self.batcher is not None:
+                        self.batcher.arrival(time.perf_counter())
                 except DSparkError as e:
                     self._post(stream.out, Chunk("", 0, error=str(e)))
             elif kind == "abort" and arg in self._streams:
@@ -141,6 +171,8 @@ class Driver:
 
     def _count(self, st: _Stream, output: Output | None) -> None:
         """A request left the engine: count it (a request aborted before its prefill still ran no tokens)."""
+        if self.batcher is not None and output is not None and output.latency_s and output.ttft_s is not None:
+            self.batcher.finished(output.latency_s - output.ttft_s)
         if self.metrics and output is not None:
             if not st.admitted and output.token_ids:
                 self.metrics.prompt_tokens.inc(st.prompt_tokens)

@@ -89,6 +89,11 @@ class Metrics:
                              names, registry=r).labels(*lv)
         self.verify_tokens = Counter("dspark:verify_tokens", "Tokens the decode forwards processed (anchors + "
                                      "verified drafts).", names, registry=r).labels(*lv)
+        self.block = Gauge("dspark:block_length", "The engine-wide block length of the last step (0: the engine-wide "
+                           "fallback to plain decoding, verification not free at the current load).", names,
+                           registry=r).labels(*lv)
+        self.switches = Gauge("dspark:block_length_switches", "Engine-wide block length changes so far.", names,
+                              registry=r).labels(*lv)
         self._seen = _Seen()
 
     def finished(self, reason: str, ttft_s: float | None, latency_s: float | None, tokens: int) -> None:
@@ -103,7 +108,7 @@ class Metrics:
     def rejected(self, reason: str) -> None:
         self._rejected.labels(self._lv[0], reason).inc()
 
-    def engine_step(self, stats: GenStats, running: int, waiting: int) -> None:
+    def engine_step(self, stats: GenStats, running: int, waiting: int, block: int = 0, switches: int = 0) -> None:
         """Add what the engine counted since the previous call."""
         s = self._seen
         self.steps.inc(stats.steps - s.steps)
@@ -125,3 +130,5 @@ class Metrics:
                            stats.drafts, tuple(stats.pos_accepts), tuple(stats.pos_attempts), stats.rounds)
         self.running.set(running)
         self.waiting.set(waiting)
+        self.block.set(block)
+        self.switches.set(switches)

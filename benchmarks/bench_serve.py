@@ -1,0 +1,108 @@
+"""The serving path's cost (issue 19): `serve` driven by loadgen's closed-loop clients against
+`Engine.generate` on the same prompts, same engine config, same output length, measured side by side.
+
+Both decode exactly `--max-tokens` tokens per request (ignore_eos), greedy, with `--concurrency` requests in
+flight: generate with that many KV slots, serve with that many clients. Passes alternate (generate, serve,
+generate, ...) against one long-lived server, so drift on these shared cores hits both alike; the ratio is
+serve tokens/s over generate tokens/s, per pass and as the median.
+
+    python benchmarks/bench_serve.py [--config dspark.yaml] [--concurrency 8] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.results_md import write_section  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", type=Path, help="engine config (default: the tiny target, DSpark markov head)")
+    ap.add_argument("--prompts", type=Path, default=ROOT / "benchmarks" / "prompts" / "heldout_code.jsonl")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=32, help="requests per pass")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of both the server and generate")
+    ap.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md")
+    a = ap.parse_args()
+
+    import torch
+
+    from dspark_core.config import EngineConfig, load_config, save_config
+    from dspark_core.engine import Engine
+    from dspark_core.prompts import load_prompts
+    from dspark_core.sampling import SamplingParams
+    from live.loadgen import Target, run
+    from live.traffic import Planned
+    from tests.serving import Server
+
+    torch.set_num_threads(a.threads)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    if a.config is None:
+        cfg = EngineConfig(device="cpu")
+        cfg.drafter.method, cfg.spec.head = "dspark", "markov"
+        cfg.batch.max_requests = a.concurrency
+        config = save_config(cfg, tmp / "dspark.yaml")
+    else:
+        config = a.config
+        cfg = load_config(config)
+        if cfg.batch.max_requests < a.concurrency:
+            sys.exit(f"--config {config}: batch.max_requests {cfg.batch.max_requests} < --concurrency "
+                     f"{a.concurrency}")
+    texts = [r.prompt for r in load_prompts(a.prompts)]
+    texts = [texts[i % len(texts)] for i in range(a.requests)]
+    gen_cfg = load_config(config)
+    gen_cfg.batch.max_requests = a.concurrency  # generate keeps `concurrency` requests in flight, as the clients do
+    engine = Engine(gen_cfg)
+    sp = SamplingParams(max_new_tokens=a.max_tokens, ignore_eos=True)
+    engine.generate(texts[: a.concurrency], sp)  # warm-up
+    server = Server(config, "--threads", str(a.threads))
+    target = Target.parse(server.url, None)
+    plan = [Planned(i, t, a.max_tokens) for i, t in enumerate(texts)]
+    run(target, plan[: a.concurrency], None, a.concurrency, 600.0, 0.0, True)  # warm-up
+    rows = []
+    try:
+        for p in range(a.passes):
+            t0 = time.perf_counter()
+            gen = engine.generate(texts, sp)
+            g_s = time.perf_counter() - t0
+            g_tok = sum(len(o.token_ids) for o in gen.outputs)
+            recs, s_s = run(target, plan, None, a.concurrency, 600.0, 0.0, True)
+            bad = [r for r in recs if not r.complete]
+            if bad:
+                sys.exit(f"pass {p}: {len(bad)} requests did not complete: {bad[0]}")
+            s_tok = sum(r.completion_tokens or 0 for r in recs)
+            rows.append((g_tok / g_s, s_tok / s_s, gen.stats.tau))
+            print(f"pass {p}: generate {g_tok / g_s:.1f} tok/s, serve {s_tok / s_s:.1f} tok/s, "
+                  f"ratio {s_tok / s_s / (g_tok / g_s):.3f}", flush=True)
+    finally:
+        server.stop()
+    ratios = [s / g for g, s, _ in rows]
+    lines = [f"Command: `python benchmarks/bench_serve.py --concurrency {a.concurrency} --requests {a.requests} "
+             f"--max-tokens {a.max_tokens} --passes {a.passes} --threads {a.threads}"
+             f"{' --config ' + str(a.config) if a.config else ''} --write` "
+             f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, this 2-core machine). Engine: "
+             f"{cfg.model.path.split('/')[-1]}, {engine.stats.method} (head {cfg.spec.head}, block "
+             f"{cfg.spec.block_size}), greedy, {a.max_tokens} tokens per request (ignore_eos), held-out code prompts.",
+             "", "| pass | generate tok/s | serve tok/s (loadgen, streaming) | serve / generate |",
+             "|---:|---:|---:|---:|"]
+    lines += [f"| {i} | {g:.1f} | {s:.1f} | {s / g:.3f} |" for i, (g, s, _) in enumerate(rows)]
+    lines += ["", f"Median serve / generate: **{statistics.median(ratios):.3f}** (the issue asks for >= 0.90)."]
+    text = "\n".join(lines)
+    print(text)
+    if a.write:
+        write_section("bench_serve", text)
+
+
+if __name__ == "__main__":
+    main()
