@@ -34,8 +34,6 @@ from dspark_core.model import RMSNorm, apply_rope, rope_inv_freq
 from dspark_core.sampling import SamplingParams, sampling_probs
 
 if TYPE_CHECKING:
-    from dspark_core.config import EngineConfig
-    from dspark_core.drafters.base import Drafter
     from dspark_core.model import LeanModel
 
 ENGINE_CONFIG = "config.json"  # drafter architecture in the engines' layout (dspark_core/drafter_layout.py)
@@ -404,9 +402,3 @@ def load_drafter(folder: str | Path, target: LeanModel) -> DSparkDraftModel:
                           f"(missing {missing[:3]}, unexpected {unexpected[:3]}); retrain it")
     return model.to(device=target.device, dtype=target.dtype).eval()
 
-
-def build_drafter(config: EngineConfig, target: LeanModel) -> Drafter:
-    """Registry entry (`dspark_core.drafters.DRAFTERS["dspark"]`): the engine-side DSpark drafter."""
-    from dspark_core.dspark_runtime import build_runtime
-
-    return build_runtime(config, target)

@@ -412,13 +412,11 @@ def _install_kernel_configs(config: EngineConfig, device: torch.device) -> None:
 
 
 def build_scheduler(config: EngineConfig, target: LeanModel) -> VerifyScheduler:
-    """Plain `verify_all` here; schedulers with confidence ranking, adaptive gamma or the plain-decoding fallback
-    come from part 2's `dspark_core.schedulers.build_verify_scheduler`."""
-    name, spec = config.spec.scheduler, config.spec
-    if name == "verify_all" and not spec.adaptive_gamma and spec.fallback_acceptance == 0.0:
+    """Plain `verify_all` when nothing regulates the verify length; else the engine scheduler of
+    `dspark_core.verify_scheduler` (confidence ranking, adaptive gamma, the plain-decoding fallback)."""
+    spec = config.spec
+    if spec.scheduler == "verify_all" and not spec.adaptive_gamma and spec.fallback_acceptance == 0.0:
         return VerifyAll()  # nothing to regulate: every request drafts and verifies the full block
-    try:
-        from dspark_core.schedulers import build_verify_scheduler  # type: ignore[attr-defined]
-    except ImportError:
-        raise DSparkError(f"spec.scheduler {name!r} is not available in this build; use verify_all") from None
+    from dspark_core.verify_scheduler import build_verify_scheduler
+
     return build_verify_scheduler(config, target)

@@ -259,9 +259,3 @@ def make_scheduler(name: str, *, sps: SpsTable | None = None, threshold: float =
         return PrefixScheduler(sps=sps) if name == "prefix" else AsyncTopKScheduler(sps=sps, lag=lag)
     raise ValueError(f"unknown scheduler {name!r}; choose one of {', '.join(SCHEDULERS)}")
 
-
-def build_verify_scheduler(config: object, target: object) -> object:
-    """Engine entry point (engine.build_scheduler): see dspark_core/verify_scheduler.py."""
-    from dspark_core.verify_scheduler import build_verify_scheduler as build
-
-    return build(config, target)  # type: ignore[arg-type]

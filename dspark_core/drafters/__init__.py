@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 DRAFTERS: dict[str, str] = {
     "ar_draft": "dspark_core.drafters.ar_draft:build_drafter",
     "ngram": "dspark_core.drafters.ngram:build_drafter",
-    "dspark": "dspark_core.drafter:build_drafter",
+    "dspark": "dspark_core.dspark_runtime:build_runtime",
 }
 
 
