@@ -64,7 +64,7 @@ def mape(pred: list[float], meas: list[float]) -> float:
 def available_heads(model: str | None) -> list[str]:
     """Heads with a committed drafter for the target (the tiny one, or a fetched model's)."""
     from dspark_core.config import ASSETS, committed_assets
-    from dspark_core.drafter import is_drafter
+    from dspark_core.drafters.dspark_layout import is_drafter
 
     root = committed_assets(model) if model else ASSETS
     return [h for h in HEADS if root is not None and is_drafter(root / "drafters" / h)]
@@ -79,8 +79,8 @@ class Bench:
 
         torch.set_num_threads(threads)
         import dspark_core.config as dc
-        from dspark_core.checkpoint import checkpoint_folder
-        from dspark_core.prompts import load_prompts
+        from dspark_core.cli.prompts import load_prompts
+        from dspark_core.modeling.checkpoint import checkpoint_folder
         from profiler.build import build_profile
         from tuner.measure import HELDOUT_PROMPTS, MeasureEvaluator
         from tuner.perf import Hardware, ModelShape

@@ -38,10 +38,10 @@ def main() -> None:
 
     import torch
 
+    from dspark_core.cli.prompts import load_prompts
     from dspark_core.config import EngineConfig, load_config, save_config
     from dspark_core.engine import Engine
-    from dspark_core.prompts import load_prompts
-    from dspark_core.sampling import SamplingParams
+    from dspark_core.verification.sampling import SamplingParams
     from live.loadgen import Target, run
     from live.traffic import Planned
     from tests.serving import Server

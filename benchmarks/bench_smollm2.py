@@ -58,9 +58,9 @@ def sps_tables(threads: int) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from dspark_core.checkpoint import load_model
     from dspark_core.config import MODEL_ASSETS
-    from dspark_core.verify_scheduler import profile_target_sps
+    from dspark_core.modeling.checkpoint import load_model
+    from dspark_core.verification.verify_scheduler import profile_target_sps
 
     torch.set_num_threads(threads)
     out: dict = {}

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 
-from dspark_core.calibrate import StsCalibration, expected_calibration_error, survival_labels
-from dspark_core.checkpoint import load_model
 from dspark_core.config import ASSETS
-from dspark_core.drafter import load_drafter
-from dspark_core.rounds import simulate_greedy_rounds
-from dspark_core.tokenizer import Tokenizer
-from dspark_core.train import generate_continuations
+from dspark_core.drafters.dspark_layout import load_drafter
+from dspark_core.modeling.checkpoint import load_model
+from dspark_core.modeling.tokenizer import Tokenizer
+from dspark_core.training.rounds import simulate_greedy_rounds
+from dspark_core.training.train import generate_continuations
+from dspark_core.verification.calibrate import StsCalibration, expected_calibration_error, survival_labels
 
 HERE = Path(__file__).parent
 NAMES = {"none": "dflash", "markov": "dspark_markov", "rnn": "dspark_rnn"}

@@ -173,8 +173,8 @@ def scheduler_row(device: str, bench: Callable[[Callable[[], Any]], float]) -> t
     """(torch ms, Python-list ms) of the prefix scheduler's admission at R = 64, gamma = 8: the numbers
     behind not writing a kernel for it (dspark_core/kernels/prefix_admission.py)."""
     from dspark_core.kernels.prefix_admission import prefix_admission
-    from dspark_core.schedulers import as_rows, prefix_schedule
-    from dspark_core.sps import SpsTable
+    from dspark_core.verification.schedulers import as_rows, prefix_schedule
+    from dspark_core.verification.sps import SpsTable
 
     gen = torch.Generator().manual_seed(0)
     conf = (torch.rand(B, GAMMA, generator=gen) ** 0.3)

@@ -167,8 +167,8 @@ def _stand_in_drafter(profile, params: dict, where: Path) -> Path:
     train-drafter writes for the tuned head, depth and block. No weights: resolution reads configs only."""
     from types import SimpleNamespace
 
-    from dspark_core.drafter import DraftConfig
-    from dspark_core.drafter_layout import engine_config
+    from dspark_core.drafters.dspark import DraftConfig
+    from dspark_core.drafters.dspark_layout import engine_config
     from profiler.catalog import published_drafter, resolve_model
 
     entry, _ = resolve_model(profile.model.name)

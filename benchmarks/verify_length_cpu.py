@@ -48,12 +48,12 @@ def measure(concurrency: int, args: argparse.Namespace) -> dict[str, float]:
     """tok/s of each lambda relative to plain, interleaved in one run."""
     import torch
 
-    from dspark_core.bench import BenchSpec, EngineMethod, run_bench
-    from dspark_core.checkpoint import checkpoint_folder, load_model
+    from dspark_core.cli.bench import BenchSpec, EngineMethod, run_bench
+    from dspark_core.cli.prompts import load_prompts
     from dspark_core.config import EngineConfig, apply_params
-    from dspark_core.prompts import load_prompts
-    from dspark_core.sampling import SamplingParams
-    from dspark_core.tokenizer import Tokenizer
+    from dspark_core.modeling.checkpoint import checkpoint_folder, load_model
+    from dspark_core.modeling.tokenizer import Tokenizer
+    from dspark_core.verification.sampling import SamplingParams
 
     torch.set_num_threads(args.threads)
     folder = str(checkpoint_folder("smollm2-135m"))

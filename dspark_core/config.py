@@ -15,10 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dspark_core.atomic import atomic_write_text
 from dspark_core.errors import DSparkError
-from dspark_core.sampling import SamplingParams
-
-ASSETS = Path(__file__).parent / "assets" / "tiny"  # the committed reference models (build-tiny)
-MODEL_ASSETS = Path(__file__).parent / "assets"  # <name>/drafters/<head> + <name>/draft: drafters of fetched models
+from dspark_core.paths import ASSETS, MODEL_ASSETS
+from dspark_core.verification.sampling import SamplingParams
 
 
 class _Section(BaseModel):
@@ -134,8 +132,8 @@ def drafter_path(config: EngineConfig, method: str | None = None) -> str | None:
         return None
     method = method or config.drafter.method
     if method == "ar_draft" and root != ASSETS:  # a fetched model's slim draft, assembled with its embedding
-        from dspark_core.checkpoint import checkpoint_folder
-        from dspark_core.train_ar import ensure_draft
+        from dspark_core.modeling.checkpoint import checkpoint_folder
+        from dspark_core.training.train_ar import ensure_draft
 
         full = ensure_draft(root.name, checkpoint_folder(config.model.path))
         return str(full) if full is not None else None
@@ -146,7 +144,7 @@ def drafter_path(config: EngineConfig, method: str | None = None) -> str | None:
 
 def committed_assets(model_path: str) -> Path | None:
     """The folder of committed drafters for a target: the tiny target's, or `assets/<name>` of a fetched model."""
-    from dspark_core.models_fetch import name_of
+    from dspark_core.modeling.models_fetch import name_of
 
     try:
         if Path(model_path).resolve() == (ASSETS / "target").resolve():

@@ -21,13 +21,13 @@ from dspark_core.config import EngineConfig
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult, VerifyAll, VerifyScheduler
 from dspark_core.errors import DSparkError
 from dspark_core.kernels.spec import use_triton
-from dspark_core.sampling import SamplingParams, sampling_probs
 from dspark_core.stats import GenStats
-from dspark_core.verify import greedy_verdicts, verify_greedy, verify_greedy_batch, verify_sampling
+from dspark_core.verification.sampling import SamplingParams, sampling_probs
+from dspark_core.verification.verify import greedy_verdicts, verify_greedy, verify_greedy_batch, verify_sampling
 
 if TYPE_CHECKING:
-    from dspark_core.model import LeanModel
-    from dspark_core.tokenizer import Tokenizer
+    from dspark_core.modeling.model import LeanModel
+    from dspark_core.modeling.tokenizer import Tokenizer
 
 
 @dataclass
@@ -92,8 +92,8 @@ class Engine:
         drafter: Drafter | None = None,
         scheduler: VerifyScheduler | None = None,
     ) -> None:
-        from dspark_core.checkpoint import load_model
-        from dspark_core.tokenizer import Tokenizer
+        from dspark_core.modeling.checkpoint import load_model
+        from dspark_core.modeling.tokenizer import Tokenizer
 
         self.config = config or EngineConfig()
         c = self.config
@@ -331,6 +331,7 @@ class Engine:
             reqs.append(DraftRequest(slot=r.slot, tokens=r.tokens, gamma=max(gamma, 0), sampling=r.sp,
                                      generator=r.generator, prompt_len=len(r.ids)))
         b = len(reqs)
+        t0 = time.perf_counter()
         if self.drafter and any(q.gamma for q in reqs):
             prop = self.drafter.propose(reqs)
             chosen = self.scheduler.choose(reqs, prop)
@@ -348,9 +349,12 @@ class Engine:
                 inp[i, 1 : nv[i] + 1] = drafts[i, : nv[i]]
         bases = [len(r.tokens) - 1 for r in running]
         layers = self.drafter.hidden_layers if self.drafter else ()
+        t1 = time.perf_counter()
         out = self.target(inp, self.cache, [r.slot for r in running], [n + 1 for n in nv], hidden_layers=layers)
-        verdicts = self._verdicts(out, inp, nv, running, prop)
+        verdicts = self._verdicts(out, inp, nv, running, prop)  # reads the logits: the forward has finished
         stats = self.stats
+        stats.draft_s += t1 - t0
+        stats.verify_s += time.perf_counter() - t1
         stats.steps += 1
         stats.verify_tokens += sum(nv) + b
         results, committed = [], []
@@ -413,10 +417,10 @@ def _install_kernel_configs(config: EngineConfig, device: torch.device) -> None:
 
 def build_scheduler(config: EngineConfig, target: LeanModel) -> VerifyScheduler:
     """Plain `verify_all` when nothing regulates the verify length; else the engine scheduler of
-    `dspark_core.verify_scheduler` (confidence ranking, adaptive gamma, the plain-decoding fallback)."""
+    `dspark_core.verification.verify_scheduler` (confidence ranking, adaptive gamma, the plain-decoding fallback)."""
     spec = config.spec
     if spec.scheduler == "verify_all" and not spec.adaptive_gamma and spec.fallback_acceptance == 0.0:
         return VerifyAll()  # nothing to regulate: every request drafts and verifies the full block
-    from dspark_core.verify_scheduler import build_verify_scheduler
+    from dspark_core.verification.verify_scheduler import build_verify_scheduler
 
     return build_verify_scheduler(config, target)

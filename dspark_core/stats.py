@@ -24,6 +24,8 @@ class GenStats:
     pos_attempts: list[int] = field(default_factory=list)  # per draft position: verified with prefix accepted
     pos_accepts: list[int] = field(default_factory=list)  # per draft position: accepted
     cut: int = 0  # requests stopped unfinished by generate()'s time limit
+    draft_s: float = 0.0  # host wall time in the drafter (propose + scheduler), decode steps only
+    verify_s: float = 0.0  # host wall time of the target's verify forwards and their verdicts
 
     def record(self, verified: int, accepted: int, committed: int, proposed: int) -> None:
         """Account one request's round."""

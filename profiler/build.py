@@ -71,7 +71,7 @@ def resolve_arch(model: str) -> tuple[ArchSpec | None, str, str, list[str]]:
                                "run `python cli.py build-tiny` first")
         return read_config(read_json(tiny / "config.json"), str(tiny)), "tiny-target", str(tiny), notes
     from dspark_core.errors import DSparkError
-    from dspark_core.models_fetch import canonical, require
+    from dspark_core.modeling.models_fetch import canonical, require
 
     if canonical(model) is not None:  # fetched through the package index: a real checkpoint folder
         try:

@@ -20,7 +20,7 @@ ACCEPTANCE_FILE = "acceptance.json"  # measured acceptance beside a committed dr
 
 def committed_drafters(root: Path) -> DrafterProfile | None:
     """The committed drafters under `root`/drafters (the tiny target's, or a fetched model's): one per head."""
-    from dspark_core.drafter import is_drafter, read_drafter_config
+    from dspark_core.drafters.dspark_layout import is_drafter, read_drafter_config
 
     folders = [root / "drafters" / h for h in HEAD_ORDER if is_drafter(root / "drafters" / h)]
     if not folders:
@@ -65,7 +65,7 @@ def measured_acceptance(root: Path, domain: str | None) -> tuple[AcceptProfile |
 
 def folder_drafter(path: Path) -> DrafterProfile:
     """A drafter checkpoint folder (either layout)."""
-    from dspark_core.drafter import read_drafter_config
+    from dspark_core.drafters.dspark_layout import read_drafter_config
     from dspark_core.errors import DSparkError
 
     try:

@@ -52,8 +52,8 @@ def read_requests(path: str | os.PathLike[str]) -> list[Request]:
     if not p.is_file():
         raise ProfileError(f"workload file not found: {p} (give a JSONL file or one of: "
                            f"{', '.join(workload_presets())})")
+    from dspark_core.cli.prompts import read_jsonl
     from dspark_core.errors import DSparkError
-    from dspark_core.prompts import read_jsonl
 
     out: list[Request] = []
     try:

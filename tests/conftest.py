@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 # Triton kernels run in the interpreter on CPU; set before anything imports triton.
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -48,3 +49,18 @@ def db_url(request, tmp_path) -> Iterator[str]:
             pytest.fail("CI must export DSPARK_TEST_PG_URL (see .ci/run)")
         pytest.skip("no PostgreSQL here: set DSPARK_TEST_PG_URL (CI does)")
     yield from _pg_database()
+
+
+@pytest.fixture(scope="session")
+def folder() -> Path:
+    """The real pretrained target SmolLM2-135M (`models fetch`): skipped when absent, fetched under CI."""
+    import os
+
+    from dspark_core.modeling.models_fetch import fetch, local_folder
+
+    name = "smollm2-135m"
+    if local_folder(name) is None:
+        if not os.environ.get("CI"):
+            pytest.skip(f"{name} not fetched: python cli.py models fetch {name}")
+        fetch(name)
+    return local_folder(name)

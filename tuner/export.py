@@ -81,7 +81,13 @@ def _ship_drafter(src: Path, dst: Path, evaluator) -> None:
     with its STS calibration, and check the copy loads in the bundled engine."""
     import shutil
 
-    from dspark_core.drafter import ENGINE_CONFIG, WEIGHTS_FILE, engine_layout_config, load_drafter, save_drafter
+    from dspark_core.drafters.dspark_layout import (
+        ENGINE_CONFIG,
+        WEIGHTS_FILE,
+        engine_layout_config,
+        load_drafter,
+        save_drafter,
+    )
     from dspark_core.errors import DSparkError
 
     dst.mkdir()

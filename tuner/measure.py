@@ -42,9 +42,9 @@ class MeasureEvaluator(Evaluator):
 
     def __init__(self, profile: Profile, n_prompts: int = 8, max_new_tokens: int = 48,
                  trial_limit_s: float = 60.0, dtype: str | None = None) -> None:
-        from dspark_core.checkpoint import load_model
         from dspark_core.config import EngineConfig
-        from dspark_core.tokenizer import Tokenizer
+        from dspark_core.modeling.checkpoint import load_model
+        from dspark_core.modeling.tokenizer import Tokenizer
 
         self.profile = profile
         self.path = _checkpoint(profile)
@@ -60,7 +60,7 @@ class MeasureEvaluator(Evaluator):
         self._sps: dict[int, Any] = {}
 
     def _prompts(self, n: int) -> list[str]:
-        from dspark_core.prompts import load_prompts
+        from dspark_core.cli.prompts import load_prompts
 
         wl = self.profile.workload.name or ""
         path = Path(wl) if wl.endswith(".jsonl") and Path(wl).is_file() else HELDOUT_PROMPTS
@@ -76,7 +76,7 @@ class MeasureEvaluator(Evaluator):
         this device with the drafter it finds for the tuned head (the tiny target's committed one), as many KV
         slots as prompts (more are never used by this measurement, and allocating and SPS-profiling 1024 of them
         cost ~30 s), the bench's output length."""
-        from dspark_core.dspark_runtime import drafter_folder
+        from dspark_core.drafters.dspark_runtime import drafter_folder
         from tuner.engine_config import tuned_engine_config
 
         cfg = tuned_engine_config(self.profile, params, None, model_path=str(self.path))
@@ -118,7 +118,7 @@ class MeasureEvaluator(Evaluator):
         return Evaluation(metrics, True, extra={"position_acceptance": st.position_acceptance})
 
     def sps_table(self, params: dict[str, Any]):
-        from dspark_core.verify_scheduler import profile_target_sps
+        from dspark_core.verification.verify_scheduler import profile_target_sps
 
         gamma = int(params["spec.block_size"])
         budget = min(int(params["batch.max_tokens"]), int(params["batch.max_requests"]) * (gamma + 1))

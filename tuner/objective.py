@@ -45,7 +45,7 @@ class Evaluator(abc.ABC):
         """Run (or model) the workload with `params`."""
 
     @abc.abstractmethod
-    def sps_table(self, params: dict[str, Any]):  # -> dspark_core.sps.SpsTable
+    def sps_table(self, params: dict[str, Any]):  # -> dspark_core.verification.sps.SpsTable
         """The steps-per-second table to export with `params` (modelled or measured)."""
 
 

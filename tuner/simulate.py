@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from dspark_core.regulator import GammaRegulator, RegulatorConfig
-from dspark_core.schedulers import make_scheduler
-from dspark_core.sps import SpsTable, default_probes
+from dspark_core.verification.regulator import GammaRegulator, RegulatorConfig
+from dspark_core.verification.schedulers import make_scheduler
+from dspark_core.verification.sps import SpsTable, default_probes
 from profiler.schema import Profile
 from profiler.workload import LengthModel, request_lengths
 from tuner.acceptance import AcceptanceModel

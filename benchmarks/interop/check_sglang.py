@@ -48,8 +48,8 @@ def _heads_agree(draft: Path, out: dict) -> None:
     from sglang.srt.models.dspark import DSparkConfidenceHead, build_markov_head
     from transformers import PretrainedConfig
 
-    from dspark_core.drafter import read_drafter_config
-    from dspark_core.heads import ConfidenceHead, SequentialHead
+    from dspark_core.drafters.dspark_layout import read_drafter_config
+    from dspark_core.drafters.heads import ConfidenceHead, SequentialHead
 
     cfg_json = json.loads((draft / "config.json").read_text())
     tensors = {k: v.float() for k, v in load_file(str(draft / "model.safetensors")).items()}

@@ -10,13 +10,13 @@ from dspark_core.errors import DSparkError
 if TYPE_CHECKING:
     from dspark_core.config import EngineConfig
     from dspark_core.drafters.base import Drafter
-    from dspark_core.model import LeanModel
+    from dspark_core.modeling.model import LeanModel
 
 # name -> "module:function" with signature (config: EngineConfig, target: LeanModel) -> Drafter
 DRAFTERS: dict[str, str] = {
     "ar_draft": "dspark_core.drafters.ar_draft:build_drafter",
     "ngram": "dspark_core.drafters.ngram:build_drafter",
-    "dspark": "dspark_core.dspark_runtime:build_runtime",
+    "dspark": "dspark_core.drafters.dspark_runtime:build_runtime",
 }
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult
-from dspark_core.model import KVCache, LeanModel
-from dspark_core.sampling import sampling_probs
+from dspark_core.modeling.model import KVCache, LeanModel
+from dspark_core.verification.sampling import sampling_probs
 
 
 class ARDrafter(Drafter):
@@ -83,9 +83,9 @@ class ARDrafter(Drafter):
 
 def build_drafter(config, target: LeanModel) -> ARDrafter:  # noqa: ANN001 - EngineConfig (import cycle-free)
     """Registry entry: load `config.drafter.path` as a draft LM on the target's device and dtype."""
-    from dspark_core.checkpoint import load_model
     from dspark_core.config import drafter_path
     from dspark_core.errors import DSparkError
+    from dspark_core.modeling.checkpoint import load_model
 
     path = drafter_path(config)
     if not path:

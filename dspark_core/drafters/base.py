@@ -27,13 +27,13 @@ Invariants a drafter can rely on, per request (slot):
   norm: Hugging Face's ``output_hidden_states[i + 1]`` except for the last layer, where HF applies the final
   norm and we do not), concatenated in that order (DFlash style).
   A drafter with ``hidden_layers = ()`` gets ``hidden = None``.
-* Probabilities (``Proposal.probs``) must be computed with :func:`dspark_core.sampling.sampling_probs`
-  using the request's :class:`~dspark_core.sampling.SamplingParams`, so temperature / top-k / top-p are
+* Probabilities (``Proposal.probs``) must be computed with :func:`dspark_core.verification.sampling.sampling_probs`
+  using the request's :class:`~dspark_core.verification.sampling.SamplingParams`, so temperature / top-k / top-p are
   applied to the draft exactly as to the target (required for lossless rejection sampling). Sample with
   ``request.generator`` so runs are reproducible per request.
 
 Drafters are built by name through ``dspark_core.drafters.build_drafter(name, config, target)``; the
-DSpark drafter of part 2 is the entry ``"dspark"`` -> ``dspark_core.drafter:build_drafter`` with the
+DSpark drafter of part 2 is the entry ``"dspark"`` -> ``dspark_core.drafters.dspark:build_drafter`` with the
 signature ``build_drafter(config: EngineConfig, target: LeanModel) -> Drafter``.
 """
 
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from dspark_core.sampling import SamplingParams
+    from dspark_core.verification.sampling import SamplingParams
 
 
 @dataclass

@@ -8,11 +8,11 @@ Decision (issue 8, item 5): a Triton kernel is not worth it here.
 - The result must reach the host anyway: the lengths decide the shape of the verify batch the target runs
   next, so a device-to-host copy follows whatever computes them; a kernel cannot remove that sync.
 - The ranking needs a global sort with a stable tie order (-a, r, j) for losslessness (see
-  dspark_core/schedulers.py); a single-program Triton sort of up to 4096 keys is possible but would be a
+  dspark_core/verification/schedulers.py); a single-program Triton sort of up to 4096 keys is possible but would be a
   maintenance burden for no measurable gain.
 What is worth it is taking the scheduler off Python lists when R * gamma grows: these functions do the
 same ranking with one stable sort and prefix sums, on whatever device the confidences live, and reproduce
-dspark_core.schedulers' decisions exactly (tests/kernels/test_prefix_admission.py). The GPU benchmark
+dspark_core.verification.schedulers' decisions exactly (tests/kernels/test_prefix_admission.py). The GPU benchmark
 (benchmarks/gpu_kernels.py) times them next to the kernels so the decision stays backed by numbers.
 """
 

@@ -245,7 +245,7 @@ def build_app(engine: Engine, options: ServeOptions) -> FastAPI:
 
 def make_batcher(engine: Engine, options: ServeOptions) -> Batcher:
     """The batcher with the engine's SPS table: the config's (a bundle's sps.json), else profiled here."""
-    from dspark_core.sps import SpsTable
+    from dspark_core.verification.sps import SpsTable
 
     c = engine.config
     gamma = c.spec.block_size if engine.drafter else 0
@@ -254,7 +254,7 @@ def make_batcher(engine: Engine, options: ServeOptions) -> Batcher:
         if c.spec.sps_path:
             sps = SpsTable.load(c.spec.sps_path)
         else:
-            from dspark_core.verify_scheduler import profile_target_sps
+            from dspark_core.verification.verify_scheduler import profile_target_sps
 
             sps = profile_target_sps(engine.target, c.batch.max_requests * (gamma + 1), rows=c.batch.max_requests,
                                      affine=engine.target.device.type == "cpu")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dspark_core.sps import SpsTable
+from dspark_core.verification.sps import SpsTable
 
 HYSTERESIS = 0.05  # the block length changes only for a 5% better token rate
 

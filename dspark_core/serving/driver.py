@@ -17,9 +17,9 @@ from dspark_core.errors import DSparkError
 
 if TYPE_CHECKING:
     from dspark_core.engine import Engine, Output
-    from dspark_core.sampling import SamplingParams
     from dspark_core.serving.batcher import Batcher
     from dspark_core.serving.metrics import Metrics
+    from dspark_core.verification.sampling import SamplingParams
 
 
 @dataclass
@@ -51,6 +51,7 @@ class Driver:
                  batcher: Batcher | None = None) -> None:
         self.engine, self.loop, self.metrics, self.batcher = engine, loop, metrics, batcher
         self._seen: tuple[list[int], list[int]] = ([], [])  # engine.stats per-position counts at the last step
+        self._steps, self._verified = 0, 0  # engine.stats steps and verify tokens at the last step
         self._inbox: queue.Queue[tuple[str, object]] = queue.Queue()
         self._streams: dict[str, _Stream] = {}
         self._stopping = threading.Event()
@@ -110,9 +111,13 @@ class Driver:
         self._seen = (list(st.pos_accepts), list(st.pos_attempts))
         if self.metrics:
             block = eng.config.spec.block_size if eng.drafter else 0
+            sps = self.batcher.sps if self.batcher is not None else None
+            steps = st.steps - self._steps
             self.metrics.engine_step(st, eng.num_running, eng.num_waiting,
                                      block if eng.gamma_cap is None else min(block, eng.gamma_cap),
-                                     self.batcher.switches if self.batcher else 0)
+                                     self.batcher.switches if self.batcher else 0,
+                                     sps((st.verify_tokens - self._verified) // steps) if sps and steps else None)
+        self._steps, self._verified = st.steps, st.verify_tokens
 
     def _take(self, block: bool, timeout: float = 0.05) -> None:
         try:

@@ -1,12 +1,13 @@
 """The server's Prometheus metrics (GET /metrics).
 
-Where vLLM 0.33 exports the same quantity, the metric has vLLM's name, labels (`model_name`, `engine`) and
-meaning (vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py), so one dashboard and `monitor` read
-either server: requests running / waiting, prompt and generation tokens, finished requests by reason, TTFT,
-inter-token and end-to-end latency, admission rejections, and the speculative counters (drafts, drafted =
-verified draft tokens, accepted, accepted per position). SGLang's DSpark gauges keep its names (tau and the verify
-window of the last step). DSpark's own signals are `dspark:*`: tokens the drafter proposed (the scheduler verifies
-a prefix of them), the attempts behind each position's acceptance, target forwards and the tokens they verified."""
+Where vLLM 0.33 exports the same quantity, the metric has vLLM's name, labels (`model_name`, `engine`) and meaning
+(vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py), so one dashboard and `monitor` read either server:
+requests running / waiting, prompt and generation tokens, finished requests by reason, TTFT, inter-token and end-to-
+end latency, admission rejections, and the speculative counters (drafts, drafted = verified draft tokens, accepted,
+accepted per position). SGLang's DSpark gauges keep its names (tau and the verify window of the last step). DSpark's
+own signals are `dspark:*`: drafter against verify time, the SPS table at the current load, the engine-wide block
+length, tokens the drafter proposed (the scheduler verifies a prefix of them), the attempts behind each position's
+acceptance, target forwards and the tokens they verified."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ class _Seen:
     pos: tuple[int, ...] = ()
     tried: tuple[int, ...] = ()
     rounds: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
 
 
 class Metrics:
@@ -94,6 +97,12 @@ class Metrics:
                            registry=r).labels(*lv)
         self.switches = Gauge("dspark:block_length_switches", "Engine-wide block length changes so far.", names,
                               registry=r).labels(*lv)
+        self.draft_s = Counter("dspark:draft_seconds", "Host wall time in the drafter and the verify scheduler.",
+                               names, registry=r).labels(*lv)
+        self.verify_s = Counter("dspark:verify_seconds", "Host wall time of the target's verify forwards.", names,
+                                registry=r).labels(*lv)
+        self.sps = Gauge("dspark:sps", "Target steps per second the SPS table gives at the last step's verify tokens.",
+                         names, registry=r).labels(*lv)
         self._seen = _Seen()
 
     def finished(self, reason: str, ttft_s: float | None, latency_s: float | None, tokens: int) -> None:
@@ -108,7 +117,8 @@ class Metrics:
     def rejected(self, reason: str) -> None:
         self._rejected.labels(self._lv[0], reason).inc()
 
-    def engine_step(self, stats: GenStats, running: int, waiting: int, block: int = 0, switches: int = 0) -> None:
+    def engine_step(self, stats: GenStats, running: int, waiting: int, block: int = 0, switches: int = 0,
+                    sps: float | None = None) -> None:
         """Add what the engine counted since the previous call."""
         s = self._seen
         self.steps.inc(stats.steps - s.steps)
@@ -126,8 +136,13 @@ class Metrics:
             self.accept_length.set(1.0 + (stats.accepted - s.accepted) / drafts)
         if rounds:
             self.cap_length.set(1.0 + (stats.verified - s.verified) / rounds)
+        self.draft_s.inc(stats.draft_s - s.draft_s)
+        self.verify_s.inc(stats.verify_s - s.verify_s)
+        if sps is not None:
+            self.sps.set(sps)
         self._seen = _Seen(stats.steps, stats.verify_tokens, stats.proposed, stats.verified, stats.accepted,
-                           stats.drafts, tuple(stats.pos_accepts), tuple(stats.pos_attempts), stats.rounds)
+                           stats.drafts, tuple(stats.pos_accepts), tuple(stats.pos_attempts), stats.rounds,
+                           stats.draft_s, stats.verify_s)
         self.running.set(running)
         self.waiting.set(waiting)
         self.block.set(block)

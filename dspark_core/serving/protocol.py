@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from dspark_core.sampling import SamplingParams
+from dspark_core.verification.sampling import SamplingParams
 
 
 class StreamOptions(BaseModel):

@@ -11,30 +11,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(1)  # tiny matmuls: a second thread only spins against the other jobs on shared CI cores
 
-from dspark_core.arch import ArchConfig  # noqa: E402
 from dspark_core.config import ASSETS, EngineConfig  # noqa: E402
-from dspark_core.model import LeanModel  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def folder() -> Path:
-    """The real pretrained target SmolLM2-135M (`models fetch`): skipped when absent, fetched under CI."""
-    import os
-
-    from dspark_core.models_fetch import fetch, local_folder
-
-    name = "smollm2-135m"
-    if local_folder(name) is None:
-        if not os.environ.get("CI"):
-            pytest.skip(f"{name} not fetched: python cli.py models fetch {name}")
-        fetch(name)
-    return local_folder(name)
+from dspark_core.modeling.arch import ArchConfig  # noqa: E402
+from dspark_core.modeling.model import LeanModel  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def tiny_target() -> LeanModel:
     """The committed reference target (fp32 on CPU)."""
-    from dspark_core.checkpoint import load_model
+    from dspark_core.modeling.checkpoint import load_model
 
     return load_model(ASSETS / "target", "cpu", "fp32")
 
@@ -42,14 +27,14 @@ def tiny_target() -> LeanModel:
 @pytest.fixture(scope="session")
 def tiny_draft() -> LeanModel:
     """The committed reference draft model (fp32 on CPU)."""
-    from dspark_core.checkpoint import load_model
+    from dspark_core.modeling.checkpoint import load_model
 
     return load_model(ASSETS / "draft", "cpu", "fp32")
 
 
 @pytest.fixture(scope="session")
-def tiny_tokenizer():  # noqa: ANN201 - dspark_core.tokenizer.Tokenizer
-    from dspark_core.tokenizer import Tokenizer
+def tiny_tokenizer():  # noqa: ANN201 - dspark_core.modeling.tokenizer.Tokenizer
+    from dspark_core.modeling.tokenizer import Tokenizer
 
     return Tokenizer.load(ASSETS / "target")
 

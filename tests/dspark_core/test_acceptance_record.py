@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-import dspark_core.acceptance_record as rec
+import dspark_core.cli.acceptance_record as rec
 from dspark_core.config import EngineConfig
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dspark_core.serving.batcher import Batcher
-from dspark_core.sps import SpsTable
+from dspark_core.verification.sps import SpsTable
 
 
 def affine(a_s: float, b_s: float, n: int = 512) -> SpsTable:

@@ -8,8 +8,10 @@ from pathlib import Path
 import torch
 from rich.progress import Progress
 
-from dspark_core.arch import ArchConfig
-from dspark_core.build_tiny import (
+from dspark_core.drafters.ngram import lookup
+from dspark_core.modeling.arch import ArchConfig
+from dspark_core.modeling.checkpoint import load_model, save_model
+from dspark_core.training.build_tiny import (
     TrainSpec,
     distill_lm,
     encode_corpus,
@@ -19,8 +21,6 @@ from dspark_core.build_tiny import (
     train_lm,
     train_tokenizer,
 )
-from dspark_core.checkpoint import load_model, save_model
-from dspark_core.drafters.ngram import lookup
 
 
 def test_sources_are_the_standard_library_only() -> None:

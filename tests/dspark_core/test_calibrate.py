@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from dspark_core.calibrate import (
+from dspark_core.errors import DSparkError
+from dspark_core.verification.calibrate import (
     StsCalibration,
     calibration_from_fit,
     expected_calibration_error,
@@ -16,7 +17,6 @@ from dspark_core.calibrate import (
     survival_labels,
     temperature_grid,
 )
-from dspark_core.errors import DSparkError
 
 
 def _rounds(n: int, gamma: int, scale: list[float], seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from conftest import random_model
 
-from dspark_core.calibrate import fit_sts, survival_labels
-from dspark_core.rounds import Rounds, simulate_greedy_rounds
-from dspark_core.sampling import SamplingParams
-from dspark_core.train import TrainConfig, build_model, generate_continuations
+from dspark_core.training.rounds import Rounds, simulate_greedy_rounds
+from dspark_core.training.train import TrainConfig, build_model, generate_continuations
+from dspark_core.verification.calibrate import fit_sts, survival_labels
+from dspark_core.verification.sampling import SamplingParams
 
 
 def test_rounds_statistics_hand_computed() -> None:

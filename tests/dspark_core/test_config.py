@@ -60,9 +60,9 @@ def test_missing_file_and_unknown_parameter() -> None:
 def test_a_model_id_loads_from_the_local_cache_only(tmp_path, monkeypatch):
     import shutil
 
-    from dspark_core.checkpoint import checkpoint_folder, load_model
     from dspark_core.config import ASSETS
     from dspark_core.errors import DSparkError
+    from dspark_core.modeling.checkpoint import checkpoint_folder, load_model
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -94,7 +94,7 @@ def test_atomic_writes_make_ordinary_files(tmp_path):
 
 
 def test_save_model_replaces_only_a_checkpoint_it_wrote(tmp_path: Path) -> None:
-    from dspark_core.checkpoint import check_replaceable
+    from dspark_core.modeling.checkpoint import check_replaceable
 
     ours = tmp_path / "ours"
     ours.mkdir()

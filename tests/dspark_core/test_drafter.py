@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark_core.arch import ArchConfig
-from dspark_core.drafter import DraftConfig, DSparkDraftModel, load_drafter, save_drafter
+from dspark_core.drafters.dspark import DraftConfig, DSparkDraftModel
+from dspark_core.drafters.dspark_layout import load_drafter, save_drafter
 from dspark_core.errors import DSparkError
-from dspark_core.model import LeanModel
-from dspark_core.sampling import SamplingParams
+from dspark_core.modeling.arch import ArchConfig
+from dspark_core.modeling.model import LeanModel
+from dspark_core.verification.sampling import SamplingParams
 
 V, H, G = 64, 32, 4
 
@@ -130,7 +131,7 @@ def test_left_to_right_draft_matches_teacher_forcing_on_its_own_tokens(head: str
     assert bool((a.probs[0].gather(-1, a.tokens[0][:, None]) > 0).all())
     prev = torch.cat([torch.tensor([[5]]), a.tokens[:, :-1]], dim=1)
     logits, _ = m.teacher_forced(block, prev)
-    from dspark_core.sampling import sampling_probs
+    from dspark_core.verification.sampling import sampling_probs
 
     torch.testing.assert_close(sampling_probs(logits[0], sp), a.probs[0])
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 from conftest import engine_config, random_model
 
-from dspark_core.drafter import DraftConfig, DSparkDraftModel
-from dspark_core.dspark_runtime import DSparkDrafter
+from dspark_core.drafters.dspark import DraftConfig, DSparkDraftModel
+from dspark_core.drafters.dspark_runtime import DSparkDrafter
 from dspark_core.engine import Engine
-from dspark_core.sampling import SamplingParams
-from dspark_core.sps import SpsTable
-from dspark_core.verify_scheduler import build_verify_scheduler
+from dspark_core.verification.sampling import SamplingParams
+from dspark_core.verification.sps import SpsTable
+from dspark_core.verification.verify_scheduler import build_verify_scheduler
 
 PROMPTS = [[1, 2, 3, 4, 5], [7], [9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], [3, 1, 4, 1, 5, 9, 2, 6]]
 SP = SamplingParams(max_new_tokens=20, ignore_eos=True)
@@ -70,8 +70,8 @@ def test_sampling_runs_are_reproducible_and_carry_confidences(target) -> None:
 
 
 def test_proposal_shapes_and_calibrated_confidence(target) -> None:
-    from dspark_core.calibrate import StsCalibration
     from dspark_core.drafters.base import DraftRequest
+    from dspark_core.verification.calibrate import StsCalibration
 
     d = _drafter(target, "rnn")
     hidden = torch.randn(6, d.model.cfg.context_width)

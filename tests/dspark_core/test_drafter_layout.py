@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from test_drafter import G, _drafter, _target
 
-from dspark_core.drafter import DraftConfig, DSparkDraftModel, load_drafter, save_drafter
-from dspark_core.drafter_layout import expected_names
+from dspark_core.drafters.dspark import DraftConfig, DSparkDraftModel
+from dspark_core.drafters.dspark_layout import expected_names, load_drafter, save_drafter
 from dspark_core.errors import DSparkError
-from dspark_core.sampling import SamplingParams
+from dspark_core.verification.sampling import SamplingParams
 
 
 def _block(m: DSparkDraftModel):

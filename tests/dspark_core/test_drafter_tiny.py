@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from conftest import engine_config
 
-from dspark_core.calibrate import StsCalibration
 from dspark_core.config import ASSETS
 from dspark_core.engine import Engine
-from dspark_core.sampling import SamplingParams
+from dspark_core.verification.calibrate import StsCalibration
+from dspark_core.verification.sampling import SamplingParams
 
 PROMPTS = [
     "import os\nimport sys\n\n\ndef main(",

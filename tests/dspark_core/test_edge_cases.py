@@ -8,7 +8,7 @@ from conftest import engine_config, random_model
 from dspark_core.drafters.ar_draft import ARDrafter
 from dspark_core.engine import Engine
 from dspark_core.errors import DSparkError
-from dspark_core.sampling import SamplingParams
+from dspark_core.verification.sampling import SamplingParams
 
 PROMPT = [[5, 6, 7, 8, 5, 6, 7]]
 

@@ -10,7 +10,7 @@ import torch
 from dspark_core.config import EngineConfig, load_config, save_config
 from dspark_core.engine import Engine
 from dspark_core.kernels import spec as kspec
-from dspark_core.sampling import SamplingParams
+from dspark_core.verification.sampling import SamplingParams
 
 
 @pytest.fixture

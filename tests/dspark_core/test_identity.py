@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import random_model
 
-from dspark_core.identity import first_difference, identity
+from dspark_core.cli.identity import first_difference, identity
 
 
 def test_first_difference() -> None:

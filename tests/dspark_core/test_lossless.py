@@ -8,7 +8,7 @@ from conftest import engine_config
 from dspark_core.drafters.ar_draft import ARDrafter
 from dspark_core.drafters.ngram import NgramDrafter
 from dspark_core.engine import Engine
-from dspark_core.sampling import SamplingParams
+from dspark_core.verification.sampling import SamplingParams
 
 PROMPTS = [
     "import os\nimport sys\n\n\ndef main(",

@@ -8,8 +8,8 @@ import pytest
 import torch
 from hf_ref import FAMILIES, make_random_checkpoint
 
-from dspark_core.checkpoint import load_model, save_model
 from dspark_core.config import ASSETS
+from dspark_core.modeling.checkpoint import load_model, save_model
 
 REL = 1e-4
 

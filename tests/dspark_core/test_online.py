@@ -9,7 +9,7 @@ from conftest import engine_config
 from dspark_core.drafters.ar_draft import ARDrafter
 from dspark_core.engine import Engine
 from dspark_core.errors import DSparkError
-from dspark_core.sampling import SamplingParams
+from dspark_core.verification.sampling import SamplingParams
 
 PROMPTS = ["import os\nimport sys\n\n\ndef main(", "for i in range(10):\n    if i % 2 == 0:\n", "x",
            "class Stack:\n    def push(self, item):\n", '"""Utilities for parsing.\n\nThis module']

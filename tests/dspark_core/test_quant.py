@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from dspark_core.checkpoint import load_model
 from dspark_core.config import ASSETS, EngineConfig
-from dspark_core.quant import FORMATS, QuantLinear
+from dspark_core.modeling.checkpoint import load_model
+from dspark_core.modeling.quant import FORMATS, QuantLinear
 
 # worst relative error of the dequantised weight (per-channel / per-group amax scaling of Gaussian weights)
 WEIGHT_TOL = {"fp8": 0.07, "int8": 0.01, "int4": 0.2, "nvfp4": 0.25}

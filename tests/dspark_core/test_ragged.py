@@ -9,10 +9,15 @@ import torch
 from conftest import engine_config, random_model
 
 from dspark_core.engine import Engine
-from dspark_core.model import LeanModel
-from dspark_core.sampling import SamplingParams
-from dspark_core.sps import SpsTable
-from dspark_core.verify_scheduler import affine_sps, build_verify_scheduler, profile_target_sps, ragged_rows
+from dspark_core.modeling.model import LeanModel
+from dspark_core.verification.sampling import SamplingParams
+from dspark_core.verification.sps import SpsTable
+from dspark_core.verification.verify_scheduler import (
+    affine_sps,
+    build_verify_scheduler,
+    profile_target_sps,
+    ragged_rows,
+)
 
 REL = 1e-4
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark_core.sampling import SamplingParams, sampling_probs
-from dspark_core.verify import verify_greedy, verify_greedy_batch, verify_sampling
+from dspark_core.verification.sampling import SamplingParams, sampling_probs
+from dspark_core.verification.verify import verify_greedy, verify_greedy_batch, verify_sampling
 
 V = 6  # synthetic vocabulary
 N = 20000  # samples per distribution test

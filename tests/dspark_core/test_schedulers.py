@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from dspark_core.schedulers import (
+from dspark_core.verification.schedulers import (
     AsyncTopKScheduler,
     as_rows,
     make_scheduler,
@@ -17,7 +17,7 @@ from dspark_core.schedulers import (
     topk_lengths,
     verify_all,
 )
-from dspark_core.sps import SpsTable
+from dspark_core.verification.sps import SpsTable
 
 FLAT = SpsTable.flat(1024)
 

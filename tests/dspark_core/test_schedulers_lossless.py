@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from dspark_core.schedulers import AsyncTopKScheduler, make_scheduler, prefix_schedule
-from dspark_core.sps import SpsTable
+from dspark_core.verification.schedulers import AsyncTopKScheduler, make_scheduler, prefix_schedule
+from dspark_core.verification.sps import SpsTable
 
 Dist = Sequence[float]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dspark_core.regulator import GammaRegulator, RegulatorConfig
+from dspark_core.verification.regulator import GammaRegulator, RegulatorConfig
 
 
 def test_gamma_grows_on_full_accepts_and_shrinks_on_poor_rounds() -> None:

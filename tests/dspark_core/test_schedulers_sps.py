@@ -7,7 +7,7 @@ import json
 import pytest
 
 from dspark_core.errors import DSparkError
-from dspark_core.sps import SpsTable, default_probes, profile_sps
+from dspark_core.verification.sps import SpsTable, default_probes, profile_sps
 
 
 def _table() -> SpsTable:

@@ -19,7 +19,7 @@ openai = pytest.importorskip("openai")
 
 from dspark_core.config import load_config  # noqa: E402
 from dspark_core.engine import Engine  # noqa: E402
-from dspark_core.sampling import SamplingParams  # noqa: E402
+from dspark_core.verification.sampling import SamplingParams  # noqa: E402
 from tests.serving import Server, scrape, serve_config  # noqa: E402
 
 PROMPTS = ["import os\nimport sys\n\n\ndef main(", "for i in range(10):\n    if i % 2 == 0:\n",
@@ -156,3 +156,5 @@ def test_metrics_count_what_clients_got(server: Server) -> None:
     assert 0 < accepted <= drafted <= delta("dspark:proposed_draft_tokens_total")
     assert sum(delta("vllm:spec_decode_num_accepted_tokens_per_pos_total", str(p)) for p in range(16)) == accepted
     assert after[("vllm:num_requests_running", "")] == 0
+    assert delta("dspark:draft_seconds_total") > 0 and delta("dspark:verify_seconds_total") > 0
+    assert after[("dspark:sps", "")] > 0 and after[("dspark:block_length", "")] >= 1

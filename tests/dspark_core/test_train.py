@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import random_model
 
-from dspark_core.drafter import load_drafter
-from dspark_core.train import (
+from dspark_core.drafters.dspark_layout import load_drafter
+from dspark_core.training.train import (
     STATE_FILE,
     LossWeights,
     TrainConfig,

@@ -9,10 +9,10 @@ import pytest
 import torch
 from conftest import random_model
 
-from dspark_core.checkpoint import load_model, save_model
 from dspark_core.errors import DSparkError
-from dspark_core.train import TrainData, cache_target
-from dspark_core.train_ar import EMBED, ARSpec, assemble, cut_target, distill, save_slim
+from dspark_core.modeling.checkpoint import load_model, save_model
+from dspark_core.training.train import TrainData, cache_target
+from dspark_core.training.train_ar import EMBED, ARSpec, assemble, cut_target, distill, save_slim
 
 
 @pytest.fixture()

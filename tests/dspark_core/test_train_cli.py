@@ -9,14 +9,14 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from dspark_core.arch import ArchConfig
-from dspark_core.build_tiny import stdlib_sources, train_tokenizer
-from dspark_core.calibrate import StsCalibration
-from dspark_core.checkpoint import load_model, save_model
-from dspark_core.commands_dspark import register
-from dspark_core.drafter import load_drafter
+from dspark_core.cli.commands_dspark import register
+from dspark_core.drafters.dspark_layout import load_drafter
 from dspark_core.errors import DSparkError
-from dspark_core.model import LeanModel
+from dspark_core.modeling.arch import ArchConfig
+from dspark_core.modeling.checkpoint import load_model, save_model
+from dspark_core.modeling.model import LeanModel
+from dspark_core.training.build_tiny import stdlib_sources, train_tokenizer
+from dspark_core.verification.calibrate import StsCalibration
 
 
 @pytest.fixture(scope="module")

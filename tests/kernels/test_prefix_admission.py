@@ -1,4 +1,4 @@
-"""The vectorised scheduler admission reproduces dspark_core.schedulers' decisions exactly."""
+"""The vectorised scheduler admission reproduces dspark_core.verification.schedulers' decisions exactly."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from dspark_core.kernels.prefix_admission import prefix_admission, prefix_survival, topk_admission
-from dspark_core.schedulers import as_rows, prefix_schedule, topk_lengths
-from dspark_core.sps import SpsTable
+from dspark_core.verification.schedulers import as_rows, prefix_schedule, topk_lengths
+from dspark_core.verification.sps import SpsTable
 
 
 def _sps(max_batch: int) -> SpsTable:

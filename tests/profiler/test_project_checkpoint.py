@@ -1,4 +1,4 @@
-"""The profiler reads the project's own checkpoint format (dspark_core.checkpoint: what build-tiny writes)."""
+"""The profiler reads the project's own checkpoint format (dspark_core.modeling.checkpoint: what build-tiny writes)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import cli
 def ckpt(tmp_path_factory):
     import torch
 
-    from dspark_core.arch import ArchConfig
-    from dspark_core.build_tiny import stdlib_sources, train_tokenizer
-    from dspark_core.checkpoint import save_model
-    from dspark_core.model import LeanModel
+    from dspark_core.modeling.arch import ArchConfig
+    from dspark_core.modeling.checkpoint import save_model
+    from dspark_core.modeling.model import LeanModel
+    from dspark_core.training.build_tiny import stdlib_sources, train_tokenizer
 
     d = tmp_path_factory.mktemp("tiny")
     texts = [p.read_text(encoding="utf-8", errors="replace") for p in stdlib_sources()[:20]]

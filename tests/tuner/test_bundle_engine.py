@@ -65,7 +65,7 @@ def test_simulated_scripts_carry_every_tuned_value(simulated):
 
 def test_measured_bundle_ships_its_drafter_and_runs_in_the_engine(measured):
     from dspark_core.engine import Engine
-    from dspark_core.sampling import SamplingParams
+    from dspark_core.verification.sampling import SamplingParams
 
     cfg = load_config(measured / "dspark.yaml")
     prov = json.loads((measured / "provenance.json").read_text())

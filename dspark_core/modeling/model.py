@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark_core.arch import ArchConfig
 from dspark_core.kernels.rmsnorm import rmsnorm as rmsnorm_kernel
 from dspark_core.kernels.spec import use_triton
 from dspark_core.kernels.swiglu import swiglu as swiglu_kernel
+from dspark_core.modeling.arch import ArchConfig
 
 
 class RMSNorm(nn.Module):

@@ -24,11 +24,11 @@ import torch
 
 from dspark_core.atomic import atomic_write, replace_dir
 from dspark_core.errors import DSparkError
-from dspark_core.train import set_lr
+from dspark_core.training.train import set_lr
 
 if TYPE_CHECKING:
-    from dspark_core.model import LeanModel
-    from dspark_core.train import TrainData
+    from dspark_core.modeling.model import LeanModel
+    from dspark_core.training.train import TrainData
 
 EMBED = "model.embed_tokens.weight"  # the shared embedding, left out of the committed draft
 SHARED = (EMBED, "lm_head.weight")  # tensors the draft takes from the target (lm_head: untied targets only)
@@ -54,7 +54,7 @@ class ARSpec:
 def cut_target(target: LeanModel, spec: ARSpec) -> LeanModel:
     """The target's first `spec.layers` layers with narrowed MLPs, its final norm and its embedding (fp32, the
     embedding frozen)."""
-    from dspark_core.model import LeanModel
+    from dspark_core.modeling.model import LeanModel
 
     a = target.arch
     if not 1 <= spec.layers < a.num_hidden_layers or not 1 <= spec.intermediate <= a.intermediate_size:
@@ -139,7 +139,7 @@ def save_slim(student: LeanModel, folder: Path, spec: ARSpec) -> Path:
     """The committed draft: config.json + model.safetensors (bf16) without the shared embedding / LM head."""
     from safetensors.torch import save_file
 
-    from dspark_core.checkpoint import hf_state_dict
+    from dspark_core.modeling.checkpoint import hf_state_dict
 
     tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in hf_state_dict(student).items()
                if k not in SHARED}
@@ -192,7 +192,7 @@ def greedy_agreement(student: LeanModel, target: LeanModel, data: TrainData) -> 
 
 def draft_cache(name: str) -> Path:
     """Where the assembled (full) AR draft of fetched model `name` lives."""
-    from dspark_core.models_fetch import models_dir
+    from dspark_core.modeling.models_fetch import models_dir
 
     return models_dir() / f"{name}-draft"
 
@@ -200,7 +200,7 @@ def draft_cache(name: str) -> Path:
 def ensure_draft(name: str, target: Path) -> Path | None:
     """The assembled AR draft of fetched model `name` (assembled from the committed slim draft when missing or
     older than it), or None when none is committed."""
-    from dspark_core.config import MODEL_ASSETS
+    from dspark_core.paths import MODEL_ASSETS
 
     slim = MODEL_ASSETS / name / "draft"
     if not (slim / "model.safetensors").is_file():

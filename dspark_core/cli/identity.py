@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from dspark_core.model import LeanModel
+    from dspark_core.modeling.model import LeanModel
 
 
 @dataclass

@@ -23,7 +23,7 @@ FILE = "acceptance.json"
 
 def record_acceptance(result: dict[str, Any], config: EngineConfig, domain: str, command: str) -> list[Path]:
     """Merge the bench result's verify_all DSpark rows into their committed drafters' acceptance.json."""
-    from dspark_core.bench import HEADS, method_params
+    from dspark_core.cli.bench import HEADS, method_params
 
     if config.drafter.path:
         return []

@@ -11,13 +11,13 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dspark_core.arch import ArchConfig
 from dspark_core.errors import DSparkError
+from dspark_core.modeling.arch import ArchConfig
 
 if TYPE_CHECKING:
     import torch
 
-    from dspark_core.model import LeanModel
+    from dspark_core.modeling.model import LeanModel
 
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
           "fp16": "float16", "float16": "float16"}  # config spellings -> torch dtype names
@@ -36,10 +36,10 @@ def resolve_device(device: str) -> str:
 
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     """The activation dtype: 'auto' -> fp32 on CPU, bf16 on CUDA; quantised weights (fp8, int8, int4, nvfp4)
-    compute in bf16 (dspark_core/quant.py)."""
+    compute in bf16 (dspark_core/modeling/quant.py)."""
     import torch
 
-    from dspark_core.quant import FORMATS
+    from dspark_core.modeling.quant import FORMATS
 
     if dtype == "auto":
         return torch.float32 if device == "cpu" else torch.bfloat16
@@ -74,7 +74,7 @@ def checkpoint_folder(path: str | Path) -> Path:
     if folder.is_dir():
         return folder
     text = str(path)
-    from dspark_core.models_fetch import canonical, require
+    from dspark_core.modeling.models_fetch import canonical, require
 
     if canonical(text) is not None:  # a model fetched through the package index (`models fetch`)
         return require(text)
@@ -98,7 +98,7 @@ def load_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> L
     """Build a LeanModel from a Hugging Face checkpoint folder (or a cached model id), in eval mode on `device`."""
     import torch
 
-    from dspark_core.model import LeanModel
+    from dspark_core.modeling.model import LeanModel
 
     folder = checkpoint_folder(path)
     arch = ArchConfig.from_file(folder)
@@ -136,14 +136,14 @@ def load_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> L
     model.load_state_dict({k: v.to(dt) for k, v in mine.items()}, strict=False)
     if arch.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
-    from dspark_core.model import rope_inv_freq
+    from dspark_core.modeling.model import rope_inv_freq
 
     model.inv_freq = rope_inv_freq(arch).to(dev)
     model = model.to(dt).eval()
-    from dspark_core.quant import FORMATS
+    from dspark_core.modeling.quant import FORMATS
 
     if dtype in FORMATS:  # weight-only quantisation of the decoder's projections
-        from dspark_core.quant import quantize_linears
+        from dspark_core.modeling.quant import quantize_linears
 
         try:
             quantize_linears(model.layers, dtype)

@@ -1,4 +1,4 @@
-"""CLI command `train-ar-draft`: the small AR draft model of a fetched target (dspark_core/train_ar.py).
+"""CLI command `train-ar-draft`: the small AR draft model of a fetched target (dspark_core/training/train_ar.py).
 
 It trains on the data `train-drafter` cached for the same target (target-generated continuations with the target's
 top-K distributions), so run `train-drafter` for that target first; the slim draft is committed under
@@ -40,12 +40,20 @@ def train_ar_draft_cmd(
     import torch
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from dspark_core.checkpoint import checkpoint_folder
-    from dspark_core.commands_dspark import _emit, _load_target, target_data, train_root
+    from dspark_core.cli.commands_dspark import _emit, _load_target, target_data, train_root
     from dspark_core.config import MODEL_ASSETS
-    from dspark_core.models_fetch import name_of
-    from dspark_core.train import DATA_FILE
-    from dspark_core.train_ar import STATE_FILE, ARSpec, cut_target, distill, ensure_draft, greedy_agreement, save_slim
+    from dspark_core.modeling.checkpoint import checkpoint_folder
+    from dspark_core.modeling.models_fetch import name_of
+    from dspark_core.training.train import DATA_FILE
+    from dspark_core.training.train_ar import (
+        STATE_FILE,
+        ARSpec,
+        cut_target,
+        distill,
+        ensure_draft,
+        greedy_agreement,
+        save_slim,
+    )
 
     folder = checkpoint_folder(target)
     name = name_of(folder)

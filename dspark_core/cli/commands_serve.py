@@ -36,7 +36,7 @@ def serve_cmd(
     import torch
     import uvicorn
 
-    from dspark_core.commands import _config
+    from dspark_core.cli.commands import _config
     from dspark_core.engine import Engine
     from dspark_core.serving.app import ServeOptions, build_app
 

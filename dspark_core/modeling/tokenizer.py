@@ -25,7 +25,7 @@ class Tokenizer:
 
         p = Path(folder)
         if not p.exists() and not str(folder).endswith(".json"):
-            from dspark_core.checkpoint import checkpoint_folder
+            from dspark_core.modeling.checkpoint import checkpoint_folder
 
             p = checkpoint_folder(folder)  # a cached Hugging Face model id
         p = p / "tokenizer.json" if p.is_dir() else p

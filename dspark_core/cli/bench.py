@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from dspark_core.config import EngineConfig, apply_params, drafter_path
 from dspark_core.errors import DSparkError
-from dspark_core.sampling import SamplingParams
 from dspark_core.stats import GenStats
+from dspark_core.verification.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from dspark_core.model import LeanModel
-    from dspark_core.tokenizer import Tokenizer
+    from dspark_core.modeling.model import LeanModel
+    from dspark_core.modeling.tokenizer import Tokenizer
 
 BASE_METHODS = ("plain", "hf_assisted", "ar_draft", "ngram")  # the part-1 methods, default selection
 HF_METHODS = ("hf_assisted", "hf_prompt_lookup")  # transformers' generate: assisted with the AR draft / prompt lookup
@@ -171,7 +171,7 @@ def build_methods(spec: BenchSpec, config: EngineConfig, target: LeanModel, toke
     """Instantiate every method once (loading weights is not timed)."""
     import torch
 
-    from dspark_core.checkpoint import checkpoint_folder
+    from dspark_core.modeling.checkpoint import checkpoint_folder
 
     base = apply_params(config, {"batch.max_requests": spec.concurrency, "spec.enabled": True})
     if spec.block_size is not None:
@@ -220,10 +220,10 @@ def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> l
 
 def report(spec: BenchSpec, rows: list[Row], device: str, target: LeanModel | None = None) -> dict[str, Any]:
     """The bench JSON (DESIGN.md section 3). `lossless` is true only for token-identical greedy outputs; with
-    `target`, every method also gets `identical_share` and its `first_divergence` (dspark_core/identity.py)."""
+    `target`, every method also gets `identical_share` and its `first_divergence` (dspark_core/cli/identity.py)."""
     from dataclasses import asdict
 
-    from dspark_core.identity import identity
+    from dspark_core.cli.identity import identity
 
     plain = next((r for r in rows if r.name == "plain"), None)
     out_methods = []

@@ -12,33 +12,26 @@ and hidden states h_k in one forward. The embedding and the LM head are the targ
 Then `draft` samples left to right with p_k ~ softmax(U_k + B_k(x_{k-1}, ...)) (heads.py) and the raw
 confidence logits c_k of the confidence head. `teacher_forced` gives the same quantities with the true
 previous tokens, for training. The engine-side adapter (per-slot context cache, Drafter interface) is in
-dspark_core/dspark_runtime.py; `build_drafter` below is the registry entry point.
+dspark_core/drafters/dspark_runtime.py; `build_drafter` below is the registry entry point.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark_core.arch import ArchConfig
-from dspark_core.atomic import atomic_write
-from dspark_core.errors import DSparkError
-from dspark_core.heads import HEADS, ConfidenceHead, SequentialHead
-from dspark_core.model import RMSNorm, apply_rope, rope_inv_freq
-from dspark_core.sampling import SamplingParams, sampling_probs
+from dspark_core.drafters.heads import HEADS, ConfidenceHead, SequentialHead
+from dspark_core.modeling.arch import ArchConfig
+from dspark_core.modeling.model import RMSNorm, apply_rope, rope_inv_freq
+from dspark_core.verification.sampling import SamplingParams, sampling_probs
 
 if TYPE_CHECKING:
-    from dspark_core.model import LeanModel
+    pass
 
-ENGINE_CONFIG = "config.json"  # drafter architecture in the engines' layout (dspark_core/drafter_layout.py)
-CONFIG_FILE = "dspark_config.json"  # the older layout's architecture file (still loaded)
-WEIGHTS_FILE = "model.safetensors"  # drafter weights (without the shared embedding / LM head)
 
 
 @dataclass
@@ -318,87 +311,3 @@ class DSparkDraftModel(nn.Module):
             prev = nxt
         conf = self.confidence(block.hidden[:, :g], torch.stack(embedded, dim=1)).float()  # [B, g]
         return DraftOut(tokens=tokens, probs=probs, confidence_logits=conf)
-
-
-def save_drafter(model: DSparkDraftModel, folder: str | Path, dtype: torch.dtype = torch.float16,
-                 target_layers: int | None = None, max_positions: int = 32768) -> Path:
-    """Write the drafter in the layout SGLang and vLLM load (dspark_core/drafter_layout.py): config.json +
-    model.safetensors, without the shared embedding / LM head, each file atomically (an older dspark_config.json
-    beside them is left alone: the loaders read config.json first). `target_layers`: the
-    target's depth (default: one past the deepest context layer); `max_positions`: the target's context."""
-    from safetensors.torch import save_file
-
-    from dspark_core.drafter_layout import engine_config, engine_tensors
-
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    depth = target_layers if target_layers is not None else max(model.cfg.target_layers) + 1
-    cfg = engine_config(model.cfg, depth, max_positions, dtype)
-    tensors = {k: v.detach().to(dtype).contiguous().cpu() for k, v in engine_tensors(model).items()}
-    for name, write in ((WEIGHTS_FILE, lambda p: save_file(tensors, p, metadata={"format": "pt"})),
-                        (ENGINE_CONFIG, lambda p: Path(p).write_text(json.dumps(cfg, indent=2) + "\n"))):
-        atomic_write(out / name, write)
-    return out
-
-
-def is_drafter(folder: str | Path) -> bool:
-    """Whether `folder` holds a DSpark drafter in either layout."""
-    p = Path(folder)
-    return (p / WEIGHTS_FILE).is_file() and ((p / CONFIG_FILE).is_file() or engine_layout_config(p) is not None)
-
-
-def engine_layout_config(folder: Path) -> dict | None:
-    """The config.json of a drafter in the engines' layout (ours with dflash_config, or DeepSpec's flat one with
-    architecture Qwen3DSparkModel), else None."""
-    path = Path(folder) / ENGINE_CONFIG
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    return data if "dflash_config" in data or "Qwen3DSparkModel" in (data.get("architectures") or []) else None
-
-
-def read_drafter_config(folder: str | Path) -> DraftConfig:
-    """The architecture of the drafter in `folder` (either layout), without loading its weights."""
-    from dspark_core.drafter_layout import config_from_engine
-
-    p = Path(folder)
-    engine = engine_layout_config(p)
-    if not (p / WEIGHTS_FILE).is_file() or (engine is None and not (p / CONFIG_FILE).is_file()):
-        raise DSparkError(f"no DSpark drafter at {p} (need config.json with dflash_config + {WEIGHTS_FILE}); "
-                          "train one with `python cli.py train-drafter`")
-    if engine is not None:
-        return config_from_engine(engine, str(p / ENGINE_CONFIG))
-    try:
-        return DraftConfig(**{"mask_token_id": None, **json.loads((p / CONFIG_FILE).read_text())})
-    except (json.JSONDecodeError, TypeError, ValueError) as e:
-        raise DSparkError(f"{p / CONFIG_FILE} is not a valid drafter config ({e}); retrain or fix it") from None
-
-
-def load_drafter(folder: str | Path, target: LeanModel) -> DSparkDraftModel:
-    """Load a drafter (the engines' layout, or the older dspark_config.json one) and attach it to `target`
-    (same vocabulary and width)."""
-    from safetensors.torch import load_file
-
-    from dspark_core.drafter_layout import state_from_engine
-
-    p = Path(folder)
-    cfg = read_drafter_config(p)
-    engine = engine_layout_config(p)
-    arch = target.arch
-    if (cfg.vocab_size, cfg.hidden_size) != (arch.vocab_size, arch.hidden_size) or \
-            max(cfg.target_layers) >= arch.num_hidden_layers:
-        raise DSparkError(f"drafter {p} was trained for another target (vocab {cfg.vocab_size}, width "
-                          f"{cfg.hidden_size}, layers {cfg.target_layers}); train one for this target")
-    model = DSparkDraftModel(cfg, target.embed, target.lm_head)
-    sd = load_file(str(p / WEIGHTS_FILE))
-    if engine is not None:
-        sd = state_from_engine(sd, cfg, str(p / WEIGHTS_FILE))
-    missing, unexpected = model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
-    if missing or unexpected:
-        raise DSparkError(f"drafter weights {p / WEIGHTS_FILE} do not match its config "
-                          f"(missing {missing[:3]}, unexpected {unexpected[:3]}); retrain it")
-    return model.to(device=target.device, dtype=target.dtype).eval()
-

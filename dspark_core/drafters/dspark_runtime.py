@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dspark_core.calibrate import StsCalibration
-from dspark_core.drafter import DSparkDraftModel, is_drafter, load_drafter
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult
+from dspark_core.drafters.dspark import DSparkDraftModel
+from dspark_core.drafters.dspark_layout import is_drafter, load_drafter
 from dspark_core.errors import DSparkError
+from dspark_core.verification.calibrate import StsCalibration
 
 if TYPE_CHECKING:
     from dspark_core.config import EngineConfig
-    from dspark_core.model import LeanModel
+    from dspark_core.modeling.model import LeanModel
 
 STS_FILE = "sts.json"  # calibration shipped next to a trained drafter
 METHOD_NAMES = {"none": "dflash", "markov": "dspark_markov", "rnn": "dspark_rnn"}  # head -> bench method
@@ -157,8 +158,8 @@ def drafter_folder(config: EngineConfig) -> Path:
     """The DSpark drafter's folder: `drafter.path` (a folder or a Hugging Face model id in the local cache), or the
     committed drafter for `spec.head` of the tiny target or a fetched model (config.drafter_path); one DSparkError
     line otherwise."""
-    from dspark_core.checkpoint import checkpoint_folder
     from dspark_core.config import drafter_path
+    from dspark_core.modeling.checkpoint import checkpoint_folder
 
     path = drafter_path(config, "dspark")
     if path is None:

@@ -40,7 +40,7 @@ def _emit(obj: dict[str, Any], as_json: bool, lines: list[str]) -> None:
 def _load_target(path: Path, device: str, dtype: str = "fp32") -> Any:
     import torch
 
-    from dspark_core.checkpoint import load_model
+    from dspark_core.modeling.checkpoint import load_model
 
     if dtype not in ("fp32", "bf16"):
         raise DSparkError(f"--dtype {dtype!r} is not one of fp32, bf16")
@@ -51,7 +51,7 @@ def _load_target(path: Path, device: str, dtype: str = "fp32") -> Any:
 def train_root(target: Path) -> Path:
     """Where training state for a target lives in the user cache: the shared data file and one folder per head
     (`tiny` for the tiny target, else the checkpoint folder's name)."""
-    from dspark_core.models_fetch import models_dir
+    from dspark_core.modeling.models_fetch import models_dir
 
     key = "tiny" if committed_assets(str(target)) == ASSETS else target.name
     return models_dir().parent / "train-drafter" / key
@@ -60,9 +60,9 @@ def train_root(target: Path) -> Path:
 def code_prompts(target_path: Path, *, count: int, length: int, seed: int, heldout: bool) -> Any:
     """Windows of `length` tokens from the standard library's sources: the training split of the tiny target
     (heldout=False) or its held-out 2 % (heldout=True, used for calibration)."""
-    from dspark_core.build_tiny import is_heldout, stdlib_sources
-    from dspark_core.tokenizer import Tokenizer
-    from dspark_core.train import stdlib_prompts
+    from dspark_core.modeling.tokenizer import Tokenizer
+    from dspark_core.training.build_tiny import is_heldout, stdlib_sources
+    from dspark_core.training.train import stdlib_prompts
 
     tok = Tokenizer.load(target_path)
     files = [f for f in stdlib_sources() if is_heldout(f) == heldout]
@@ -76,7 +76,7 @@ def target_data(target: Any, target_path: Path, *, sequences: int, prompt_len: i
     """Prompts continued by the target (the first greedy_fraction of rows greedy, the rest sampled)."""
     import torch
 
-    from dspark_core.train import TrainData, generate_continuations
+    from dspark_core.training.train import TrainData, generate_continuations
 
     prompts = code_prompts(target_path, count=sequences, length=prompt_len, seed=seed, heldout=heldout)
     chunks = []
@@ -94,8 +94,8 @@ MASK_TOKENS = ("<|MASK|>", "<|mask|>", "<mask>", "[MASK]")  # spellings of a ded
 def default_mask_token(target: Path) -> int:
     """The id the mask slots embed: the tokenizer's dedicated mask token when it has one (SGLang's default
     spelling `<|MASK|>` first), else its end-of-text token, which never occurs inside a drafted block."""
-    from dspark_core.checkpoint import checkpoint_folder
-    from dspark_core.tokenizer import EOS_TOKEN, Tokenizer
+    from dspark_core.modeling.checkpoint import checkpoint_folder
+    from dspark_core.modeling.tokenizer import EOS_TOKEN, Tokenizer
 
     tok = Tokenizer.load(checkpoint_folder(target))
     for name in (*MASK_TOKENS, EOS_TOKEN):
@@ -143,14 +143,14 @@ def train_drafter_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
 ) -> None:
     """Train a DSpark drafter for a frozen target (resumes from the checkpoint in --state-dir when present)."""
-    from dspark_core.checkpoint import checkpoint_folder
+    from dspark_core.modeling.checkpoint import checkpoint_folder
 
     target = checkpoint_folder(target)
     import torch
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from dspark_core.drafter import DraftConfig
-    from dspark_core.train import (
+    from dspark_core.drafters.dspark import DraftConfig
+    from dspark_core.training.train import (
         DATA_FILE,
         STATE_FILE,
         TrainConfig,
@@ -244,12 +244,12 @@ def calibrate_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
 ) -> None:
     """Fit STS temperatures on held-out greedy rounds; write SGLang's DSparkStsCalibration JSON."""
-    from dspark_core.checkpoint import checkpoint_folder
+    from dspark_core.modeling.checkpoint import checkpoint_folder
 
     target = checkpoint_folder(target)
-    from dspark_core.calibrate import calibration_from_fit, fit_sts, survival_labels
-    from dspark_core.drafter import load_drafter
-    from dspark_core.rounds import simulate_greedy_rounds
+    from dspark_core.drafters.dspark_layout import load_drafter
+    from dspark_core.training.rounds import simulate_greedy_rounds
+    from dspark_core.verification.calibrate import calibration_from_fit, fit_sts, survival_labels
 
     tgt = _load_target(target, device, dtype)
     model = load_drafter(drafter, tgt)

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from dspark_core.sps import SpsTable
+from dspark_core.verification.sps import SpsTable
 
 SCHEDULERS = ("verify_all", "threshold", "prefix", "async_topk")
 

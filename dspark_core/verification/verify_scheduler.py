@@ -12,14 +12,14 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dspark_core.regulator import GammaRegulator, RegulatorConfig
-from dspark_core.schedulers import Scheduler, make_scheduler
-from dspark_core.sps import SpsTable, default_probes, profile_sps
+from dspark_core.verification.regulator import GammaRegulator, RegulatorConfig
+from dspark_core.verification.schedulers import Scheduler, make_scheduler
+from dspark_core.verification.sps import SpsTable, default_probes, profile_sps
 
 if TYPE_CHECKING:
     from dspark_core.config import EngineConfig
     from dspark_core.drafters.base import DraftRequest, Proposal, RoundResult
-    from dspark_core.model import LeanModel
+    from dspark_core.modeling.model import LeanModel
 
 
 @dataclass

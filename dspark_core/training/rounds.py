@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dspark_core.sampling import SamplingParams
+from dspark_core.verification.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from dspark_core.drafter import DSparkDraftModel
-    from dspark_core.model import LeanModel
+    from dspark_core.drafters.dspark import DSparkDraftModel
+    from dspark_core.modeling.model import LeanModel
 
 
 @dataclass

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dspark_core.arch import ArchConfig
-from dspark_core.tokenizer import EOS_TOKEN
+from dspark_core.modeling.arch import ArchConfig
+from dspark_core.modeling.tokenizer import EOS_TOKEN
 
 if TYPE_CHECKING:
     import torch
     from rich.progress import Progress
 
-    from dspark_core.model import LeanModel
+    from dspark_core.modeling.model import LeanModel
 
 VOCAB = 4096  # BPE vocabulary of the reference tokenizer
 
@@ -139,7 +139,7 @@ def train_lm(arch: ArchConfig, data: torch.Tensor, spec: TrainSpec, seed: int, p
     import torch
     import torch.nn.functional as F
 
-    from dspark_core.model import LeanModel
+    from dspark_core.modeling.model import LeanModel
 
     torch.manual_seed(seed)
     model = LeanModel(arch)
@@ -237,7 +237,7 @@ def build_tiny(out: Path, target_steps: int = 900, draft_steps: int = 500, kd_st
     import torch
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from dspark_core.checkpoint import check_replaceable, save_model
+    from dspark_core.modeling.checkpoint import check_replaceable, save_model
 
     for name in ("target", "draft"):  # before minutes of training, not after
         check_replaceable(out / name)

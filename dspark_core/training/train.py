@@ -28,10 +28,11 @@ import torch
 import torch.nn.functional as F
 
 from dspark_core.atomic import atomic_write
-from dspark_core.drafter import DraftConfig, DSparkDraftModel, save_drafter
+from dspark_core.drafters.dspark import DraftConfig, DSparkDraftModel
+from dspark_core.drafters.dspark_layout import save_drafter
 
 if TYPE_CHECKING:
-    from dspark_core.model import LeanModel
+    from dspark_core.modeling.model import LeanModel
 
 STATE_FILE = "train_state.pt"  # resumable training state inside the output folder
 DATA_FILE = "train_data.pt"  # target-generated sequences (cached so a resume reuses them)

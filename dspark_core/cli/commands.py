@@ -28,8 +28,8 @@ def _print_json(obj: Any) -> None:
 def _config(path: Path | None, model: str | None = None, dtype: str | None = None):  # noqa: ANN202 - EngineConfig
     """The engine config of --config, with --model / --dtype in place of its target and weight dtype. A model other
     than the tiny target has no default drafter: its speculative methods need drafter.path in --config."""
-    from dspark_core.checkpoint import checkpoint_folder
     from dspark_core.config import EngineConfig, load_config
+    from dspark_core.modeling.checkpoint import checkpoint_folder
 
     cfg = load_config(path) if path else EngineConfig()
     if model:
@@ -54,7 +54,7 @@ def build_tiny_cmd(
 
     from rich.console import Console
 
-    from dspark_core.build_tiny import build_tiny
+    from dspark_core.training.build_tiny import build_tiny
 
     rep = build_tiny(out, target_steps=target_steps, draft_steps=draft_steps, kd_steps=kd_steps, seed=seed,
                      threads=threads)
@@ -99,11 +99,11 @@ def bench_cmd(
     from rich.progress import Progress
     from rich.table import Table
 
-    from dspark_core.bench import BenchSpec, build_methods, device_name, report, run_bench
-    from dspark_core.checkpoint import load_model
-    from dspark_core.prompts import load_prompts
-    from dspark_core.sampling import SamplingParams
-    from dspark_core.tokenizer import Tokenizer
+    from dspark_core.cli.bench import BenchSpec, build_methods, device_name, report, run_bench
+    from dspark_core.cli.prompts import load_prompts
+    from dspark_core.modeling.checkpoint import load_model
+    from dspark_core.modeling.tokenizer import Tokenizer
+    from dspark_core.verification.sampling import SamplingParams
 
     if threads:
         torch.set_num_threads(threads)
@@ -130,7 +130,7 @@ def bench_cmd(
         import shlex
         from collections import Counter
 
-        from dspark_core.acceptance_record import record_acceptance as record
+        from dspark_core.cli.acceptance_record import record_acceptance as record
 
         domain = Counter(r.domain or "mixed" for r in records).most_common(1)[0][0]
         command = "python cli.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -171,8 +171,8 @@ def generate_cmd(
     import torch
     from rich.console import Console
 
+    from dspark_core.cli.prompts import load_prompts
     from dspark_core.engine import Engine
-    from dspark_core.prompts import load_prompts
 
     texts = list(prompt or [])
     if prompts:
@@ -201,7 +201,7 @@ def generate_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    """Add the engine commands to the root app (part 2's live in dspark_core.commands_dspark)."""
+    """Add the engine commands to the root app (part 2's live in dspark_core.cli.commands_dspark)."""
     app.command("build-tiny")(build_tiny_cmd)
     app.command("bench")(bench_cmd)
     app.command("generate")(generate_cmd)
