@@ -270,18 +270,63 @@ class AicPerfModel(PerfModel):
         return t * self.eff.draft_scale + self.eff.draft_request_s * requests
 
 
+@dataclass
+class ScaledAicPerfModel(PerfModel):
+    """A weight dtype AIC has not measured: AIC's price of the same forward in bf16 weights, times the roofline's
+    ratio between the two dtypes. The roofline knows what the dtype changes (bytes read, compute peak), AIC the
+    absolute level, so configurations of one case stay ranked on one scale instead of mixing two cost models."""
+
+    ref: AicPerfModel | None = None  # the same deployment with bf16 weights, priced by AIC
+    ref_roofline: PerfModel | None = None  # the same, priced by the roofline
+
+    @property
+    def cost_source(self) -> str:
+        assert self.ref is not None
+        return f"{self.ref.cost_source} ({self.weights_dtype} as bf16 x roofline ratio)"
+
+    def _scale(self, ours: StepCost, ref: StepCost, ref_roof: StepCost) -> StepCost:
+        s = ref.seconds / ref_roof.seconds if ref_roof.seconds > 0 else 1.0
+        return StepCost(ours.seconds * s, ours.flops, ours.bytes, ours.bound, ours.parts)
+
+    def step(self, tokens: int, context: float, requests: int = 1) -> StepCost:
+        assert self.ref is not None and self.ref_roofline is not None
+        return self._scale(super().step(tokens, context, requests), self.ref.step(tokens, context, requests),
+                           self.ref_roofline.step(tokens, context, requests))
+
+    def prefill(self, tokens: int, prompt: float, requests: int = 1) -> StepCost:
+        assert self.ref is not None and self.ref_roofline is not None
+        return self._scale(super().prefill(tokens, prompt, requests), self.ref.prefill(tokens, prompt, requests),
+                           self.ref_roofline.prefill(tokens, prompt, requests))
+
+    def draft_step(self, requests: int, gamma: int, context: float, draft_layers: int, head: str,
+                   markov_rank: int = 256) -> float:
+        assert self.ref is not None
+        return self.ref.draft_step(requests, gamma, context, draft_layers, head, markov_rank)  # the drafter is bf16
+
+
 def aic_perf(base: PerfModel, profile: Profile) -> tuple[PerfModel, str]:
-    """`base` re-priced from AIC's database when it covers the profile and the dtypes; else `base` and why not."""
+    """`base` re-priced from AIC's database when it covers the profile and the dtypes (a weight dtype it has not
+    measured: scaled from bf16 by the roofline); else `base` and why not."""
+    from dataclasses import replace
+
     target, why = resolve(profile)
     if target is None:
         return base, why
-    why = unsupported(target, base.weights_dtype, base.kv_dtype)
-    if why:
+    weights = base.weights_dtype
+    why = unsupported(target, weights, base.kv_dtype)
+    scaled = bool(why) and not unsupported(target, "bf16", base.kv_dtype)
+    if why and not scaled:
         return base, why
     moe = bool(profile.model.num_experts)
+    priced = "bf16" if scaled else weights
     try:
-        h = handle(target, base.tp, base.weights_dtype, base.kv_dtype, moe)
+        h = handle(target, base.tp, priced, base.kv_dtype, moe)
     except Exception as exc:  # AIC refuses a layout (e.g. heads not divisible by TP): price it by the roofline
         return base, f"AIC cannot compile {profile.model.name} at tp {base.tp}: {str(exc).splitlines()[0][:160]}"
-    return AicPerfModel(base.shape, base.hw, base.eff, base.weights_dtype, base.kv_dtype, base.tp,
-                        base.cuda_graph_max_bs, aic=h, target=target), ""
+    ref_base = replace(base, weights_dtype=priced)
+    ref = AicPerfModel(ref_base.shape, ref_base.hw, ref_base.eff, priced, base.kv_dtype, base.tp,
+                       base.cuda_graph_max_bs, aic=h, target=target)
+    if not scaled:
+        return ref, ""
+    return ScaledAicPerfModel(base.shape, base.hw, base.eff, weights, base.kv_dtype, base.tp, base.cuda_graph_max_bs,
+                              ref=ref, ref_roofline=ref_base), ""

@@ -61,11 +61,28 @@ def test_the_drafter_costs_a_fraction_of_the_target_and_grows_with_its_head():
 
 
 @needs_aic
-def test_what_aic_has_not_measured_falls_back_with_the_reason():
-    got, why = aic_perf(*base("Qwen3-8B", "a100", weights_dtype="fp8"))
-    assert got.cost_source == "roofline" and "fp8" in why and "a100_sxm" in why
-    got, why = aic_perf(*base("Qwen3-8B", "h100", weights_dtype="int4"))
-    assert got.cost_source == "roofline" and "int4" in why
+def test_a_weight_dtype_aic_has_not_measured_is_scaled_from_bf16():
+    """int4 / FP8-on-Ampere: AIC's bf16 price times the roofline's dtype ratio, one scale per case."""
+    for gpu, dtype in (("a100", "fp8"), ("h100", "int4")):
+        b, profile = base("Qwen3-8B", gpu, weights_dtype=dtype)
+        got, why = aic_perf(b, profile)
+        assert why == "" and got.cost_source.endswith(f"({dtype} as bf16 x roofline ratio)")
+        bf16, _ = aic_perf(*base("Qwen3-8B", gpu, weights_dtype="bf16"))
+        roof_bf16, _ = base("Qwen3-8B", gpu, weights_dtype="bf16")
+        for tokens in (1, 8, 64):
+            want = b.step(tokens, 2048, tokens).seconds * bf16.step(tokens, 2048, tokens).seconds \
+                / roof_bf16.step(tokens, 2048, tokens).seconds
+            assert got.step(tokens, 2048, tokens).seconds == pytest.approx(want, rel=1e-9)
+        assert got.kv_capacity_tokens(0.9) == b.kv_capacity_tokens(0.9)  # memory is the dtype's own
+
+
+@needs_aic
+def test_what_aic_cannot_price_falls_back_with_the_reason():
+    got, why = aic_perf(*base("Qwen3-8B", "a100", weights_dtype="fp8", kv_dtype="fp8_e4m3"))
+    assert got.cost_source == "roofline" and "AIC cannot compile" in why
+    e5m2, _ = aic_perf(*base("Qwen3-8B", "h100", weights_dtype="fp8", kv_dtype="fp8_e5m2"))
+    e4m3, _ = aic_perf(*base("Qwen3-8B", "h100", weights_dtype="fp8", kv_dtype="fp8_e4m3"))
+    assert e5m2.cost_source == e4m3.cost_source == "aic:h100_sxm/sglang/0.5.14"  # one byte either way
 
 
 @needs_aic
