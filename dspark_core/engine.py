@@ -117,6 +117,7 @@ class Engine:
         self._ids: dict[str, _Request] = {}  # every unfinished request by id
         self._next_id = 0
         self.gamma_cap: int | None = None  # serve's engine-wide block length under load (0: plain decoding)
+        self.admit_cap: int | None = None  # serve's cap on running requests (None: every free slot)
 
     # -- online API -------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], sampling: SamplingParams | None = None,
@@ -153,8 +154,9 @@ class Engine:
         """Admit waiting requests into free slots (one ragged prefill), then one speculative round for every
         running request. Returns one update per request that committed tokens or finished."""
         updates: dict[str, Update] = {}
-        if self._waiting and self._free:
-            for req in self._admit(self._take_batch()):
+        batch = self._take_batch() if self._waiting and self._free else []
+        if batch:
+            for req in self._admit(batch):
                 updates[req.rid] = Update(req.rid, list(req.out))
                 if req.finish:
                     updates[req.rid].output = self._finish(req)
@@ -252,11 +254,12 @@ class Engine:
         return ids
 
     def _take_batch(self) -> list[_Request]:
-        """The waiting requests the next prefill admits: FIFO, one per free slot, within batch.max_tokens of
-        padded prompt rows."""
+        """The waiting requests the next prefill admits: FIFO, one per free slot (up to `admit_cap` running), within
+        batch.max_tokens of padded prompt rows."""
         batch: list[_Request] = []
         budget = self.config.batch.max_tokens
-        while self._waiting and self._free:
+        cap = self.admit_cap if self.admit_cap is not None else len(self._free) + len(self._running)
+        while self._waiting and self._free and len(self._running) + len(batch) < cap:
             longest = max([len(self._waiting[0].ids)] + [len(r.ids) for r in batch])
             if batch and longest * (len(batch) + 1) > budget:
                 break

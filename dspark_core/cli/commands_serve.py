@@ -27,6 +27,8 @@ def serve_cmd(
                                            "and the SPS table, or keep the config's values.")] = True,
     slo_ttft_ms: Annotated[float | None, typer.Option(min=1.0, help="Adaptive: refuse (429) a request whose "
                                                       "predicted TTFT exceeds this.")] = None,
+    slo_tpot_ms: Annotated[float | None, typer.Option(min=0.01, help="Adaptive: run at most the batch whose "
+                                                      "predicted time per output token meets this.")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="torch CPU threads (default: torch's).")] = None,
 ) -> None:
     """Serve the engine: /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health."""
@@ -61,7 +63,8 @@ def serve_cmd(
         typer.echo(f"serving {name} ({engine.stats.method}) on {url}", err=True)
 
     app = build_app(engine, ServeOptions(model_name=name, max_waiting=max_waiting, on_ready=ready, adaptive=adaptive,
-                                         ttft_slo_s=slo_ttft_ms / 1e3 if slo_ttft_ms else None))
+                                         ttft_slo_s=slo_ttft_ms / 1e3 if slo_ttft_ms else None,
+                                         tpot_slo_s=slo_tpot_ms / 1e3 if slo_tpot_ms else None))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace))
     for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn re-raises the signal after its graceful shutdown: a
         signal.signal(sig, lambda *_: None)  # drained stop is a normal exit (0), not a death by signal

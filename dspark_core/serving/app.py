@@ -43,6 +43,7 @@ class ServeOptions:
     on_ready: Callable[[], None] | None = None  # called once the engine thread runs (the server then accepts)
     adaptive: bool = True  # batching timeout, engine-wide speculation and SLO admission adapt to the load
     ttft_slo_s: float | None = None  # p99 TTFT target: a request predicted to miss it gets 429 (adaptive only)
+    tpot_slo_s: float | None = None  # TPOT target: caps the running batch at what meets it (adaptive only)
 
 
 class ApiError(Exception):
@@ -250,7 +251,7 @@ def make_batcher(engine: Engine, options: ServeOptions) -> Batcher:
     c = engine.config
     gamma = c.spec.block_size if engine.drafter else 0
     sps = None
-    if options.adaptive and gamma:
+    if options.adaptive and (gamma or options.tpot_slo_s):
         if c.spec.sps_path:
             sps = SpsTable.load(c.spec.sps_path)
         else:
@@ -258,7 +259,8 @@ def make_batcher(engine: Engine, options: ServeOptions) -> Batcher:
 
             sps = profile_target_sps(engine.target, c.batch.max_requests * (gamma + 1), rows=c.batch.max_requests,
                                      affine=engine.target.device.type == "cpu")
-    return Batcher(c.batch.max_requests, c.batch.timeout_ms / 1e3, gamma, sps, options.adaptive, options.ttft_slo_s)
+    return Batcher(c.batch.max_requests, c.batch.timeout_ms / 1e3, gamma, sps, options.adaptive, options.ttft_slo_s,
+                   tpot_slo_s=options.tpot_slo_s)
 
 
 async def _collect(out: asyncio.Queue[Chunk], request: Request, driver: Driver,

@@ -11,6 +11,9 @@ under an SLO, from the observed arrival rate, the measured acceptance and the SP
   long blocks while the verify batch is nearly free, shorter ones as load fills it, plain decoding (g = 0)
   engine-wide once verification no longer pays. After 32 plain steps one step drafts again, so the acceptance
   estimate recovers when the traffic changes. Static always drafts the full block.
+- Admission cap. With a TPOT SLO, at most the largest batch whose predicted time per output token, 1 / (tau(g) *
+  SPS(B * (g + 1))) at that batch's best g, meets the SLO runs at once; without one, every slot (the tuned
+  `batch.max_requests` is the bound either way).
 - Admission. With a TTFT SLO, a request whose predicted TTFT (queued requests ahead of it over the slots, times
   the decayed mean request duration) exceeds it gets 429 at once instead of a late first token.
 """
@@ -31,15 +34,17 @@ class Decision:
 
     wait_s: float  # how long an idle engine waits for more arrivals before it prefills
     gamma: int  # the engine-wide block length cap (0: plain decoding)
+    cap: int | None = None  # the most requests that may run at once (None: every slot)
 
 
 class Batcher:
     """Decayed estimates of the arrival rate, acceptance and request duration, and the decisions they imply."""
 
     def __init__(self, slots: int, timeout_s: float, gamma: int, sps: SpsTable | None, adaptive: bool = True,
-                 ttft_slo_s: float | None = None, time_constant_s: float = 2.0) -> None:
+                 ttft_slo_s: float | None = None, time_constant_s: float = 2.0,
+                 tpot_slo_s: float | None = None) -> None:
         self.slots, self.timeout_s, self.block, self.sps = slots, timeout_s, gamma, sps
-        self.adaptive, self.ttft_slo_s, self.tc = adaptive, ttft_slo_s, time_constant_s
+        self.adaptive, self.ttft_slo_s, self.tc, self.tpot_slo_s = adaptive, ttft_slo_s, time_constant_s, tpot_slo_s
         self._arrivals, self._t_arrival = 0.0, None  # decayed arrival count, time of the last arrival
         self.accepts = [0.0] * gamma  # decayed accepted drafts per position
         self.attempts = [0.0] * gamma  # decayed verified drafts per position (earlier ones accepted)
@@ -47,6 +52,8 @@ class Batcher:
         self.gamma = gamma  # the block length of the last decision
         self.switches = 0  # block length changes so far
         self._plain_steps = 0
+        self._cap: int | None = None  # the last admission cap and the steps since it was computed
+        self._cap_age = 0
 
     def arrival(self, t: float) -> None:
         if self._t_arrival is not None:
@@ -89,7 +96,24 @@ class Batcher:
                 r = self.rate(t)
                 gap = 1.0 / r if r > 0 else math.inf
                 wait = min(self.timeout_s, 2.0 * gap) if gap < self.timeout_s else 0.0
-        return Decision(wait, self._gamma(max(1, running + min(waiting, self.slots - running))))
+        return Decision(wait, self._gamma(max(1, running + min(waiting, self.slots - running))), self.cap())
+
+    def tpot_s(self, batch: int) -> float:
+        """Predicted time per output token of `batch` running requests at that batch's best block length."""
+        assert self.sps is not None
+        g = max(range(self.block + 1), key=lambda k: self.rate_at(k, batch))
+        return batch / self.rate_at(g, batch)
+
+    def cap(self) -> int | None:
+        """The largest batch meeting the TPOT SLO (at least 1); None without an SLO, an SPS table or adaptivity.
+        Recomputed every 16 steps (the acceptance it reads moves slowly)."""
+        if not self.adaptive or self.tpot_slo_s is None or self.sps is None:
+            return None
+        self._cap_age += 1
+        if self._cap is None or self._cap_age >= 16:
+            ok = [b for b in range(1, self.slots + 1) if self.tpot_s(b) <= self.tpot_slo_s]
+            self._cap, self._cap_age = (max(ok) if ok else 1), 0
+        return self._cap
 
     def rate_at(self, gamma: int, batch: int) -> float:
         """Committed tokens per second of a step of `batch` requests drafting `gamma` tokens each."""

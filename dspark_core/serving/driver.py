@@ -97,7 +97,7 @@ class Driver:
             return
         eng = self.engine
         d = self.batcher.decide(time.perf_counter(), eng.num_running, eng.num_waiting)
-        eng.gamma_cap = d.gamma
+        eng.gamma_cap, eng.admit_cap = d.gamma, d.cap
         deadline = time.perf_counter() + d.wait_s
         while eng.num_waiting < eng.config.batch.max_requests and (left := deadline - time.perf_counter()) > 0:
             self._take(block=True, timeout=left)
@@ -116,7 +116,8 @@ class Driver:
             self.metrics.engine_step(st, eng.num_running, eng.num_waiting,
                                      block if eng.gamma_cap is None else min(block, eng.gamma_cap),
                                      self.batcher.switches if self.batcher else 0,
-                                     sps((st.verify_tokens - self._verified) // steps) if sps and steps else None)
+                                     sps((st.verify_tokens - self._verified) // steps) if sps and steps else None,
+                                     eng.admit_cap if eng.admit_cap is not None else eng.config.batch.max_requests)
         self._steps, self._verified = st.steps, st.verify_tokens
 
     def _take(self, block: bool, timeout: float = 0.05) -> None:

@@ -95,6 +95,8 @@ class Metrics:
         self.block = Gauge("dspark:block_length", "The engine-wide block length of the last step (0: the engine-wide "
                            "fallback to plain decoding, verification not free at the current load).", names,
                            registry=r).labels(*lv)
+        self.cap = Gauge("dspark:admission_cap", "The most requests the batcher lets run at once (the slots without a "
+                         "TPOT SLO).", names, registry=r).labels(*lv)
         self.switches = Gauge("dspark:block_length_switches", "Engine-wide block length changes so far.", names,
                               registry=r).labels(*lv)
         self.draft_s = Counter("dspark:draft_seconds", "Host wall time in the drafter and the verify scheduler.",
@@ -118,7 +120,7 @@ class Metrics:
         self._rejected.labels(self._lv[0], reason).inc()
 
     def engine_step(self, stats: GenStats, running: int, waiting: int, block: int = 0, switches: int = 0,
-                    sps: float | None = None) -> None:
+                    sps: float | None = None, cap: int | None = None) -> None:
         """Add what the engine counted since the previous call."""
         s = self._seen
         self.steps.inc(stats.steps - s.steps)
@@ -140,6 +142,8 @@ class Metrics:
         self.verify_s.inc(stats.verify_s - s.verify_s)
         if sps is not None:
             self.sps.set(sps)
+        if cap is not None:
+            self.cap.set(cap)
         self._seen = _Seen(stats.steps, stats.verify_tokens, stats.proposed, stats.verified, stats.accepted,
                            stats.drafts, tuple(stats.pos_accepts), tuple(stats.pos_attempts), stats.rounds,
                            stats.draft_s, stats.verify_s)

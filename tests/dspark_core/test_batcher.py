@@ -65,3 +65,16 @@ def test_admission_under_a_ttft_slo() -> None:
     ok, ttft = b.admit(8)
     assert not ok and ttft == pytest.approx(0.6)
     assert Batcher(slots=4, timeout_s=0.0, gamma=0, sps=None, adaptive=False, ttft_slo_s=0.5).admit(80)[0]
+
+
+def test_admission_cap_meets_a_tpot_slo() -> None:
+    sps = affine(0.010, 0.001)  # 10 ms + 1 ms per verified token
+    free = Batcher(slots=32, timeout_s=0.0, gamma=4, sps=sps)
+    assert free.decide(0.0, running=0, waiting=5).cap is None  # no SLO: every slot
+    b = Batcher(slots=32, timeout_s=0.0, gamma=4, sps=sps, tpot_slo_s=0.012)
+    b.rounds([70] * 4, [100] * 4)
+    cap = b.decide(0.0, running=0, waiting=5).cap
+    assert cap is not None and 1 <= cap < 32
+    assert b.tpot_s(cap) <= 0.012 < b.tpot_s(cap + 1)
+    tight = Batcher(slots=32, timeout_s=0.0, gamma=4, sps=sps, tpot_slo_s=0.001)
+    assert tight.decide(0.0, running=0, waiting=5).cap == 1  # nothing meets it: one request at a time

@@ -110,3 +110,15 @@ def test_generate_leaves_nothing_behind_on_a_bad_prompt(tiny_target, tiny_tokeni
         eng.generate(["x", []], SP)
     assert not eng.has_work()
     assert len(eng.generate(["x"], SP).outputs) == 1
+
+
+def test_admission_cap_limits_the_running_batch(plain, tiny_target, tiny_draft, tiny_tokenizer) -> None:
+    eng = _engine(tiny_target, tiny_tokenizer, tiny_draft, max_requests=3)
+    eng.admit_cap = 1
+    for i in range(3):
+        eng.add_request(PROMPTS[i], SP, request_id=f"p{i}")
+    done, most = {}, 0
+    while eng.has_work():
+        done |= {u.request_id: u.output.token_ids for u in eng.step() if u.output}
+        most = max(most, eng.num_running)
+    assert most == 1 and [done[f"p{i}"] for i in range(3)] == plain[:3]
