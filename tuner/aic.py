@@ -272,17 +272,18 @@ class AicPerfModel(PerfModel):
 
 @dataclass
 class ScaledAicPerfModel(PerfModel):
-    """A weight dtype AIC has not measured: AIC's price of the same forward in bf16 weights, times the roofline's
-    ratio between the two dtypes. The roofline knows what the dtype changes (bytes read, compute peak), AIC the
-    absolute level, so configurations of one case stay ranked on one scale instead of mixing two cost models."""
+    """A weight dtype AIC has not measured: AIC's price of the same forward in the nearest measured format (FP8 for
+    int8 / int4 / nvfp4 where AIC timed FP8, else bf16), times the roofline's ratio between the two dtypes. The
+    roofline knows what the dtype changes (bytes read, compute peak), AIC the absolute level, so configurations of
+    one case stay ranked on one scale instead of mixing two cost models."""
 
-    ref: AicPerfModel | None = None  # the same deployment with bf16 weights, priced by AIC
+    ref: AicPerfModel | None = None  # the same deployment in the nearest measured weight format, priced by AIC
     ref_roofline: PerfModel | None = None  # the same, priced by the roofline
 
     @property
     def cost_source(self) -> str:
         assert self.ref is not None
-        return f"{self.ref.cost_source} ({self.weights_dtype} as bf16 x roofline ratio)"
+        return f"{self.ref.cost_source} ({self.weights_dtype} as {self.ref.weights_dtype} x roofline ratio)"
 
     def _scale(self, ours: StepCost, ref: StepCost, ref_roof: StepCost) -> StepCost:
         s = ref.seconds / ref_roof.seconds if ref_roof.seconds > 0 else 1.0
@@ -304,9 +305,18 @@ class ScaledAicPerfModel(PerfModel):
         return self.ref.draft_step(requests, gamma, context, draft_layers, head, markov_rank)  # the drafter is bf16
 
 
+def _nearest_measured(target: AicTarget, weights: str, kv: str) -> str | None:
+    """The measured weight format nearest to `weights` in bytes per element: FP8 for 8-bit and narrower formats
+    where AIC timed FP8 GEMMs (int8 W8A8 and FP8 stream the same bytes), else bf16; None when neither is priced."""
+    from tuner.perf import DTYPE_BYTES
+
+    order = ("fp8", "bf16") if DTYPE_BYTES.get(weights, 2.0) <= 1.0 else ("bf16",)
+    return next((d for d in order if not unsupported(target, d, kv)), None)
+
+
 def aic_perf(base: PerfModel, profile: Profile) -> tuple[PerfModel, str]:
     """`base` re-priced from AIC's database when it covers the profile and the dtypes (a weight dtype it has not
-    measured: scaled from bf16 by the roofline); else `base` and why not."""
+    measured: scaled from the nearest measured one by the roofline); else `base` and why not."""
     from dataclasses import replace
 
     target, why = resolve(profile)
@@ -314,11 +324,11 @@ def aic_perf(base: PerfModel, profile: Profile) -> tuple[PerfModel, str]:
         return base, why
     weights = base.weights_dtype
     why = unsupported(target, weights, base.kv_dtype)
-    scaled = bool(why) and not unsupported(target, "bf16", base.kv_dtype)
-    if why and not scaled:
+    priced = weights if not why else _nearest_measured(target, weights, base.kv_dtype)
+    if priced is None:
         return base, why
+    scaled = priced != weights
     moe = bool(profile.model.num_experts)
-    priced = "bf16" if scaled else weights
     try:
         h = handle(target, base.tp, priced, base.kv_dtype, moe)
     except Exception as exc:  # AIC refuses a layout (e.g. heads not divisible by TP): price it by the roofline

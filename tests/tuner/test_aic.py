@@ -61,14 +61,16 @@ def test_the_drafter_costs_a_fraction_of_the_target_and_grows_with_its_head():
 
 
 @needs_aic
-def test_a_weight_dtype_aic_has_not_measured_is_scaled_from_bf16():
-    """int4 / FP8-on-Ampere: AIC's bf16 price times the roofline's dtype ratio, one scale per case."""
-    for gpu, dtype in (("a100", "fp8"), ("h100", "int4")):
+def test_a_weight_dtype_aic_has_not_measured_is_scaled_from_the_nearest_measured_one():
+    """FP8 / int8 on Ampere (bf16 is all it timed), int4 on Hopper (FP8 is nearest): AIC's price of the nearest
+    measured format times the roofline's dtype ratio, one scale per case."""
+    for gpu, dtype, ref in (("a100", "fp8", "bf16"), ("a100", "int8", "bf16"), ("h100", "int4", "fp8"),
+                            ("h100", "int8", "fp8")):
         b, profile = base("Qwen3-8B", gpu, weights_dtype=dtype)
         got, why = aic_perf(b, profile)
-        assert why == "" and got.cost_source.endswith(f"({dtype} as bf16 x roofline ratio)")
-        bf16, _ = aic_perf(*base("Qwen3-8B", gpu, weights_dtype="bf16"))
-        roof_bf16, _ = base("Qwen3-8B", gpu, weights_dtype="bf16")
+        assert why == "" and got.cost_source.endswith(f"({dtype} as {ref} x roofline ratio)")
+        bf16, _ = aic_perf(*base("Qwen3-8B", gpu, weights_dtype=ref))
+        roof_bf16, _ = base("Qwen3-8B", gpu, weights_dtype=ref)
         for tokens in (1, 8, 64):
             want = b.step(tokens, 2048, tokens).seconds * bf16.step(tokens, 2048, tokens).seconds \
                 / roof_bf16.step(tokens, 2048, tokens).seconds
