@@ -36,6 +36,8 @@ def main() -> None:
     ap.add_argument("--timeout-ms", type=float, default=20.0, help="batch.timeout_ms (the tuned bound)")
     ap.add_argument("--block", type=int, default=7)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--model", help="a fetched model (smollm2-135m) in bf16 with its committed DSpark markov drafter "
+                                    "instead of the tiny target")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--write", action="store_true")
     a = ap.parse_args()
@@ -49,6 +51,10 @@ def main() -> None:
     cfg.drafter.method, cfg.spec.head, cfg.spec.block_size = "dspark", "markov", a.block
     cfg.batch.max_requests, cfg.batch.timeout_ms = a.slots, a.timeout_ms
     cfg.model.max_seq_len = 512
+    if a.model:
+        from dspark_core.modeling.checkpoint import checkpoint_folder
+
+        cfg.model.path, cfg.weights.dtype = str(checkpoint_folder(a.model)), "bf16"
     config = save_config(cfg, Path(tempfile.mkdtemp(prefix="bench-batching-")) / "dspark.yaml")
     phases = parse_rate(a.rate)
     n = int(sum(r * s for r, s in phases) / sum(s for _, s in phases) * a.duration * 1.5) + 10
@@ -84,10 +90,11 @@ def main() -> None:
 
     lines = [f"Command: `python benchmarks/bench_batching.py --rate {a.rate} --duration {a.duration:g} --max-tokens "
              f"{a.max_tokens} --slots {a.slots} --timeout-ms {a.timeout_ms:g} --block {a.block} --repeats "
-             f"{a.repeats} --threads {a.threads} --write` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-             f"this 2-core machine). Tiny target, DSpark markov drafter, block {a.block}, {a.slots} slots, batching "
-             f"timeout bound {a.timeout_ms:g} ms; {n} planned requests of {a.max_tokens} tokens on one Poisson "
-             f"arrival sequence (phases {a.rate} req/s @ s, cycled), client-side figures from loadgen.", "",
+             f"{a.repeats} --threads {a.threads}{' --model ' + a.model if a.model else ''} --write` "
+             f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, this 2-core machine). "
+             f"{a.model + ' (bf16)' if a.model else 'Tiny target'}, DSpark markov drafter, block {a.block}, "
+             f"{a.slots} slots, batching timeout bound {a.timeout_ms:g} ms; {n} planned requests of {a.max_tokens} "
+             f"tokens on one Poisson arrival sequence (phases {a.rate} req/s @ s, cycled), client-side figures from loadgen.", "",
              "| run | mode | complete | p99 TTFT ms | p50 TTFT ms | output tok/s | p99 TPOT ms | tau | "
              "block length switches |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for k, (mode, s, m) in enumerate(rows):
@@ -103,7 +110,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if a.write:
-        write_section("bench_batching", text)
+        write_section("bench_batching" if not a.model else f"bench_batching_{a.model}", text)
 
 
 if __name__ == "__main__":
