@@ -94,7 +94,8 @@ def main() -> None:
              f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, this 2-core machine). "
              f"{a.model + ' (bf16)' if a.model else 'Tiny target'}, DSpark markov drafter, block {a.block}, "
              f"{a.slots} slots, batching timeout bound {a.timeout_ms:g} ms; {n} planned requests of {a.max_tokens} "
-             f"tokens on one Poisson arrival sequence (phases {a.rate} req/s @ s, cycled), client-side figures from loadgen.", "",
+             f"tokens on one Poisson arrival sequence "
+             f"(phases {a.rate} req/s @ s, cycled), client-side figures from loadgen.", "",
              "| run | mode | complete | p99 TTFT ms | p50 TTFT ms | output tok/s | p99 TPOT ms | tau | "
              "block length switches |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for k, (mode, s, m) in enumerate(rows):
