@@ -128,8 +128,7 @@ def monitor_cmd(
             seen.append(sample)
             live.update(view())
 
-        watch(target, interval, None if samples is None else samples - 1, duration, on_sample,
-              sleep=lambda s: _sleep(s, interval))
+        watch(target, interval, None if samples is None else samples - 1, duration, on_sample)
     whole = window(seen[0], seen[-1])
     checks = compare(whole, pred, tolerance) if pred else []
     result = {"deployment_id": dep, "url": target, "kind": first.kind, "samples": len(seen), "window": whole,
@@ -139,12 +138,6 @@ def monitor_cmd(
         return
     console.print(f"deployment {dep}: {len(seen)} samples of {target} stored; drift: "
                   f"{', '.join(result['drift']) or 'none'}" + ("" if pred else " (no --bundle to compare with)"))
-
-
-def _sleep(seconds: float, interval: float) -> None:
-    import time
-
-    time.sleep(min(seconds, interval))
 
 
 def _fmt(v) -> str:  # noqa: ANN001 - float | list | None
