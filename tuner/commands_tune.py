@@ -80,10 +80,12 @@ def _from_production(p) -> bool:  # noqa: ANN001 - profiler.schema.Profile
 
 
 def _default_study(profile, plan_json: dict[str, Any], mode: str, objectives: list[str], seed: int,
-                   cost: str = "roofline") -> str:
+                   cost: str = "roofline", calibration: dict[str, Any] | None = None) -> str:
     key = [profile.content_hash(), plan_json.get("space"), plan_json.get("fixed"), mode, objectives, seed]
     if mode == "simulate" and cost != "roofline":  # (roofline studies keep the names they had before AIC)
         key.append(cost)
+    if calibration:  # (uncalibrated studies keep their names)
+        key.append(calibration.get("source"))
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
     return "-".join([_slug(profile.model.name), _slug(profile.hw.name), _slug(profile.workload.name or
                                                                               profile.workload.domain), mode,
@@ -143,6 +145,22 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
          cost: Annotated[str, typer.Option(help="Simulate: what prices a forward. auto (AIConfigurator's measured "
                                                 "kernels when the aic extra covers the GPU and model, else the "
                                                 "roofline), aic or roofline.")] = "auto",
+         engine: Annotated[str | None, typer.Option(help="Tune against a live serving engine launched per trial on "
+                                                         "this machine: dspark (our serve), vllm or sglang.")] = None,
+         engine_python: Annotated[Path | None, typer.Option(help="--engine: the Python that has vLLM or SGLang "
+                                                                 "(default: found on PATH).")] = None,
+         draft: Annotated[str | None, typer.Option(help="--engine vllm: a small autoregressive draft model folder, "
+                                                        "which adds vLLM's draft_model method to the search.")] = None,
+         trial_requests: Annotated[int | None, typer.Option(min=1, help="--engine: requests per trial (default: 3 "
+                                                            "per client, at least 16).")] = None,
+         trial_max_tokens: Annotated[int | None, typer.Option(min=1, help="--engine: cap on each request's output "
+                                                              "tokens (default: the workload's lengths).")] = None,
+         startup_seconds: Annotated[float, typer.Option(min=1.0, help="--engine: a server not healthy after this "
+                                                        "long is a failed trial.")] = 600.0,
+         load: Annotated[str, typer.Option(help="--engine: closed (closed loop at the profiled concurrency) or sweep "
+                                                "(then open-loop rates below it: throughput at the SLOs).")] = "closed",
+         calibrated: Annotated[bool, typer.Option("--calibration/--no-calibration", help="Simulate: scale times by "
+                                                  "the latest live study's calibration of this hardware.")] = True,
          out: Annotated[Path, typer.Option(help="Bundle folder (written atomically).")] = Path("out"),
          db: DbOpt = None, rules: RulesOpt = None, as_json: JsonOpt = False) -> None:
     """Tune DSpark for a model, GPU and workload, then export the deployable bundle."""
@@ -158,10 +176,24 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
 
     objectives = [o.strip() for o in objective.split(",") if o.strip()]
     st.directions(objectives)
-    if mode not in ("auto", "simulate", "measure"):
-        raise TunerError(f"--mode {mode!r}: choose auto, simulate or measure")
+    if mode not in ("auto", "simulate", "measure", "live"):
+        raise TunerError(f"--mode {mode!r}: choose auto, simulate, measure or live (with --engine)")
     if cost not in ("auto", "aic", "roofline"):
         raise TunerError(f"--cost {cost!r}: choose auto, aic or roofline")
+    if engine is not None:
+        from tuner.live.engines import ENGINES
+
+        if engine not in ENGINES:
+            raise TunerError(f"--engine {engine!r}: choose {', '.join(ENGINES)}")
+        if mode not in ("auto", "live"):
+            raise TunerError(f"--engine measures a live engine: drop --mode {mode}")
+        if workers > 1:
+            raise TunerError("--engine runs one server at a time on this machine (parallel servers would share its "
+                             "devices and skew every measurement): drop --workers")
+    elif mode == "live":
+        raise TunerError("--mode live needs --engine dspark|vllm|sglang")
+    if load not in ("closed", "sweep"):
+        raise TunerError(f"--load {load!r}: choose closed or sweep")
     check_out(out)  # before any trial runs, not after the whole study
     if study_name is not None:
         st.check_name(study_name)
@@ -173,7 +205,8 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
     resume = study_name is not None and not (model or gpu or workload or drafter or traffic.given()) and \
         _exists(url, study_name)
     if not resume:
-        profile_id, profile = resolve_profile(database, model, gpu, workload, traffic, drafter)
+        here = "auto" if engine is not None and gpu is None else gpu  # a live engine runs on this machine
+        profile_id, profile = resolve_profile(database, model, here, workload, traffic, drafter)
         try:
             plan = match_profile(enabled_rules(database), profile)
         except PlanConflict as e:
@@ -181,7 +214,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         plan_json = plan.model_dump(mode="json")
         plan_id = save_plan(database, profile_id, plan_json, plan.rule_refs())
         local = (profile.hw.arch == "cpu") or (gpu or "").lower() in LOCAL_GPUS
-        chosen = mode if mode != "auto" else ("measure" if local else "simulate")
+        chosen = "live" if engine else mode if mode != "auto" else ("measure" if local else "simulate")
         priced = _cost(cost, profile) if chosen == "simulate" else "roofline"
         slo = profile.workload.slo
         from importlib.metadata import PackageNotFoundError, version
@@ -194,7 +227,15 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                             plan=plan_json, plan_id=plan_id, mode=chosen, objectives=objectives,
                             slo_ttft_ms=slo.ttft_ms if slo else None, slo_tpot_ms=slo.tpot_ms if slo else None,
                             seed=seed, tool_version=tool, trial_seconds=trial_seconds, cost=priced)
-        study_name = study_name or _default_study(profile, plan_json, chosen, objectives, seed, priced)
+        if chosen == "simulate" and calibrated:
+            from tuner.live.calibration import lookup
+
+            spec.calibration = lookup(database, profile.hw.name, profile.model.name)
+        if engine is not None:
+            spec = _live_spec(spec, engine, engine_python, draft, trial_requests, trial_max_tokens, startup_seconds,
+                              quiet=as_json).model_copy(update={"live_load": load})
+        study_name = study_name or _default_study(profile, plan_json, chosen, objectives, seed, priced,
+                                                  spec.calibration)
         st.open_study(url, study_name, spec)
     if not as_json:
         err_console.print(f"study [bold]{study_name}[/] in {_shown(url)}: Ctrl-C keeps every completed trial; "
@@ -208,6 +249,13 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         raise typer.Exit(130) from None
     result = export_study(url, study_name, out)
     summary = {"study": study_name, "trials": len(st.completed(done)), **result.to_json()}
+    stored = st.StudySpec.model_validate(done.user_attrs[st.SPEC_ATTR])
+    if stored.mode == "live":
+        from tuner.live.calibration import store
+
+        fit = store(database, study_name, stored, st.completed(done))
+        if fit is not None:
+            summary["calibration"] = fit
     if as_json:
         print_json(summary)
     else:
@@ -215,6 +263,30 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
     if not result.meets_slo:
         raise TunerError(f"no configuration met the SLOs in {summary['trials']} trials; {out}/ holds the closest "
                          "one and report.md says by how much (loosen the SLOs, add GPUs or change the workload)")
+
+
+def _live_spec(spec, engine: str, python: Path | None, draft: str | None, requests: int | None,  # noqa: ANN001
+               max_tokens: int | None, startup_s: float, quiet: bool):  # -> StudySpec
+    """A live study's settings: the engine found here (one line when it is missing or not the pinned version) and
+    the simulated optimum it starts from."""
+    from tuner.live.engines import ENGINES
+    from tuner.live.prior import simulated_optimum
+    from tuner.measure import _checkpoint
+
+    if draft is not None and not (Path(draft) / "config.json").is_file():
+        raise TunerError(f"--draft {draft}: not a checkpoint folder (no config.json); give a small autoregressive "
+                         "model of the target's tokenizer, e.g. dspark_core/assets/tiny/draft")
+    if python is not None and not python.exists():
+        raise TunerError(f"--engine-python {python}: no such interpreter")
+    profile = spec.profile_model()
+    live = ENGINES[engine](profile, _checkpoint(profile), str(python) if python else None,
+                           str(Path(draft).resolve()) if draft else None).locate()
+    if live.warning and not quiet:
+        err_console.print(f"[yellow]warning:[/] {live.warning}", highlight=False, soft_wrap=True)
+    spec = spec.model_copy(update={"engine": engine, "engine_python": live.python, "draft": live and (
+        str(Path(draft).resolve()) if draft else None), "engine_version": f"{live.package} {live.version}",
+        "live_requests": requests, "live_max_tokens": max_tokens, "startup_seconds": startup_s})
+    return spec.model_copy(update={"prior": simulated_optimum(spec)})
 
 
 def _shown(url: str) -> str:
@@ -245,6 +317,11 @@ def _print_summary(s: dict[str, Any]) -> None:
                   f"max requests {p['batch.max_requests']}, weights {p['weights.dtype']}, kv {p['kv.dtype']}, "
                   f"tp {p['parallel.tp']}")
     console.print(f"  bundle: {s['out']}/ ({', '.join(s['files'])})")
+    if s.get("calibration"):
+        c = s["calibration"]
+        console.print(f"  simulator calibrated: measured / predicted throughput x{c['scale']:.3g} over "
+                      f"{c['trials']:.0f} trials (spread x{c['spread']:.2f}); later simulated studies of this "
+                      "hardware use it")
 
 
 def export(study_name: Annotated[str, typer.Option("--study", help="Study to export.")],

@@ -21,11 +21,12 @@ from typing import Any
 
 from tuner.space import SearchSpace, engine_defaults
 
-SCREEN = (  # screened knobs, in order: capacity first (running requests and TP decide whether the SLOs can be met
-    # at all, so the block length is then tuned at a load that meets them), then block length, which moves
-    # throughput most, then dtypes and the drafter
-    "batch.max_requests", "parallel.tp", "spec.block_size", "weights.dtype", "spec.scheduler", "kv.dtype",
-    "spec.head", "spec.draft_layers",
+SCREEN = (  # screened knobs, in order: speculation on or off where an engine searches it (a live peer engine), then
+    # capacity (running requests and TP decide whether the SLOs can be met at all, so the block length is then tuned
+    # at a load that meets them), then block length, which moves throughput most, the peer's speculative method,
+    # then dtypes and the drafter
+    "spec.enabled", "batch.max_requests", "parallel.tp", "spec.block_size", "spec.method", "weights.dtype",
+    "spec.scheduler", "kv.dtype", "spec.head", "spec.draft_layers",
 )
 
 
@@ -120,14 +121,16 @@ def _copy_of(study: Any, params: dict[str, Any]) -> Any:
 
 def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budget: int,
            score: Callable[[Any], Any], callbacks: list[Callable[[Any, Any], None]] | None = None,
-           done: Callable[[], bool] | None = None, levels: int = 2, poll_s: float = 0.5) -> int:
+           done: Callable[[], bool] | None = None, levels: int = 2, poll_s: float = 0.5,
+           starts: list[dict[str, Any]] | None = None) -> int:
     """Run trial 0 and the coordinate screen, at most `budget` new trials; returns how many it ran.
 
     `score(frozen_trial)` ranks completed trials (any totally ordered value, higher is better, e.g.
     `tuner.study.trial_rank`, which also orders SLO misses so the screen can walk out of an infeasible
     start); `done()` ends the screen early. Trial 0 is the study's enqueued start point when it has one
     (`open_study` enqueues it), else it is enqueued here. Passes repeat while they improve; when one
-    stalls, range knobs take steps half as long, `levels` times (a pattern search).
+    stalls, range knobs take steps half as long, `levels` times (a pattern search). `starts`: more start points
+    (a live study's simulated optimum), run right after trial 0; the screen walks from the best of them.
 
     The screen is a deterministic walk over the scores it sees, so it resumes where it stopped: a move the
     study already holds is read back, not run again (an interrupted study ends where an uninterrupted one
@@ -163,6 +166,27 @@ def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budg
     if not replayed:
         best_v, used = evaluate(best_p), 1
     seen, level = {tuple(sorted(best_p.items()))}, 0
+
+    def visit(p: dict[str, Any]) -> tuple[bool, Any]:
+        """(out of budget, score) of one configuration: read back when the study holds it, else run it."""
+        nonlocal used
+        replayed, x = known(p)
+        if not replayed:
+            if used >= budget or (done is not None and done()):
+                return True, None
+            x, used = evaluate(p), used + 1
+        seen.add(tuple(sorted(p.items())))
+        return False, x
+
+    for extra in starts or []:
+        p = {**best_p, **{k: v for k, v in extra.items() if k in space.distributions}}
+        if tuple(sorted(p.items())) in seen:
+            continue
+        stop, x = visit(p)
+        if stop:
+            return used
+        if x is not None and (best_v is None or x > best_v):
+            best_p, best_v = p, x
     lost: set[tuple[str, Any]] = set()  # (knob, value) moves that lost clearly (`far_worse`): not retried
     while level <= levels:
         improved = False  # knobs interact (a new TP moves the best batch size): repeat passes while they improve
@@ -172,12 +196,9 @@ def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budg
                 p = {**best_p, name: v}
                 if tuple(sorted(p.items())) in seen or (name, v) in lost:
                     continue
-                replayed, x = known(p)
-                if not replayed:
-                    if used >= budget or (done is not None and done()):
-                        return used
-                    x, used = evaluate(p), used + 1
-                seen.add(tuple(sorted(p.items())))
+                stop, x = visit(p)
+                if stop:
+                    return used
                 if far_worse(x, best_v):
                     lost.add((name, v))
                 if x is not None and (best_v is None or x > best_v):

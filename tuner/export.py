@@ -14,7 +14,6 @@ the profile's drafter checkpoint (a published model id or a folder), or asks for
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,13 +21,10 @@ from typing import Any
 
 from tuner.bundle_dir import check_out, write_bundle
 from tuner.errors import TunerError
+from tuner.launch import template_env, write_dspark, write_sglang, write_vllm
 from tuner.study import SPEC_ATTR, StudySpec, best_trial, completed, feasible_trials, make_evaluator, miss, open_study
 from tuner.targets import BUNDLED_DRAFTER, measured_calibration, sglang_context, sts_payload, vllm_context
 
-TEMPLATES = Path(__file__).parent / "templates"
-DSPARK_TEMPLATE = "dspark/v1/dspark.yaml.j2"
-SGLANG_TEMPLATE = "sglang/dspark-v2/sglang.sh.j2"
-VLLM_TEMPLATES = ("vllm/v0.33/vllm.json.j2", "vllm/v0.33/vllm.sh.j2")
 REPORT_TEMPLATE = "report/report.md.j2"
 
 
@@ -47,20 +43,6 @@ class ExportResult:
                 "metrics": self.metrics, "params": self.params, "mode": self.mode}
 
 
-def _quote(value: Any) -> str:
-    """Jinja filter `q`: a value as one shell word, whatever it holds."""
-    return shlex.quote(str(value))
-
-
-def _env():  # -> jinja2.Environment
-    import jinja2
-
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, autoescape=False)
-    env.filters["q"] = _quote
-    return env
-
-
 def _closest(study, spec: StudySpec):  # -> FrozenTrial
     """When nothing meets the SLOs: the completed trial with the smallest total violation."""
     trials = completed(study)
@@ -71,9 +53,10 @@ def _closest(study, spec: StudySpec):  # -> FrozenTrial
 
 def _measured_drafter(evaluator, params: dict[str, Any]) -> Path | None:
     """The drafter a measured study ran for `params` (None: speculation off, or a simulated study)."""
-    if evaluator.mode != "measure" or not params.get("spec.enabled", True):
+    if evaluator.mode not in ("measure", "live") or not params.get("spec.enabled", True):
         return None
-    return Path(evaluator.drafter_path(params))
+    path = evaluator.drafter_path(params)
+    return Path(path) if path else None
 
 
 def _ship_drafter(src: Path, dst: Path, evaluator) -> None:
@@ -108,7 +91,6 @@ def _ship_drafter(src: Path, dst: Path, evaluator) -> None:
 
 def export_study(db_url: str, name: str, out: Path) -> ExportResult:
     """Export study `name`'s best SLO-feasible trial (or the closest one, flagged) as a bundle."""
-    from dspark_core.config import load_config, save_config
     from tuner.engine_config import tuned_engine_config
 
     check_out(out)  # before the study is even opened
@@ -129,30 +111,19 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
         if bundled:
             _ship_drafter(measured, tmp / BUNDLED_DRAFTER, evaluator)
         drafter = BUNDLED_DRAFTER if bundled else profile.drafter.id
-        model = str(evaluator.path) if evaluator.mode == "measure" else None
+        model = str(evaluator.path) if evaluator.mode in ("measure", "live") else None
         config = tuned_engine_config(profile, params, drafter, model_path=model)
-        config.spec.sps_path, config.spec.sts_path = "sps.json", "sts.json"
         if _write_kernels(tmp, db_url, profile.hw.name):
             config.kernel_file = "kernels.json"
-        cfg_path = tmp / "dspark.yaml"
-        save_config(config, cfg_path)
         common = {"study": name, "trial_number": trial.number, "mode": evaluator.mode,
                   "hw_name": profile.hw.name or "device", "model_name": profile.model.name or "model"}
-        env = _env()
-        cfg_path.write_text(env.get_template(DSPARK_TEMPLATE).render(config_yaml=cfg_path.read_text(), **common))
-        load_config(cfg_path)  # the engine's own model accepts what we wrote
         sps = evaluator.sps_table(params)
-        sps.save(tmp / "sps.json")
         calibration = measured_calibration(tmp / BUNDLED_DRAFTER if bundled else None)
-        (tmp / "sts.json").write_text(json.dumps(sts_payload(profile, params, calibration), indent=2) + "\n")
+        write_dspark(tmp, config, sps, sts_payload(profile, params, calibration), common)
         seq = config.model.max_seq_len
-        sg = sglang_context(profile, params, bundled, seq)
-        (tmp / "sglang.sh").write_text(env.get_template(SGLANG_TEMPLATE).render(**common, **sg))
-        vctx = vllm_context(profile, params, bundled, seq)
-        (tmp / "vllm.json").write_text(env.get_template(VLLM_TEMPLATES[0]).render(**common, **vctx))
-        (tmp / "vllm.sh").write_text(env.get_template(VLLM_TEMPLATES[1]).render(**common, **vctx))
-        for f in ("sglang.sh", "vllm.sh"):
-            (tmp / f).chmod(0o755)
+        write_sglang(tmp, sglang_context(profile, params, bundled, seq), common)
+        write_vllm(tmp, vllm_context(profile, params, bundled, seq, draft_model=spec.draft), common)
+        env = template_env()
         from tuner.report import write_report
 
         write_report(tmp, env.get_template(REPORT_TEMPLATE), study, spec, trial, best is not None, params, space,

@@ -14,7 +14,8 @@ from profiler.schema import Profile
 
 FOUR_BIT = ("int4", "nvfp4")  # weight formats that need `workload.quality: relaxed`
 METRIC_UNITS = {"throughput": "tok/s/GPU", "tpot_p99_ms": "ms", "ttft_p99_ms": "ms", "tau": "tokens/round",
-                "verify_tokens_per_step": "tokens", "cut_requests": "requests"}  # the unit of each metric key
+                "verify_tokens_per_step": "tokens", "cut_requests": "requests", "requests_per_s": "req/s",
+                "rate_at_slo": "req/s", "failed_requests": "requests"}  # the unit of each metric key
 OBJECTIVES: dict[str, tuple[str, str, str]] = {  # name -> (metric key, direction, label with its unit)
     "throughput": ("throughput", "maximize", "throughput (tok/s/GPU)"),  # output tokens per second per GPU
     "tpot_p99": ("tpot_p99_ms", "minimize", "p99 TPOT (ms)"),  # p99 time per output token
@@ -61,7 +62,7 @@ class SimulateEvaluator(Evaluator):
     mode = "simulate"
 
     def __init__(self, profile: Profile, n_requests: int | None = None, efficiency=None, repeats: int = 2,
-                 cost: str = "roofline") -> None:
+                 cost: str = "roofline", calibration: dict[str, Any] | None = None) -> None:
         from tuner.perf import Efficiency, Hardware, ModelShape
 
         self.profile = profile
@@ -69,6 +70,8 @@ class SimulateEvaluator(Evaluator):
         self.hw = Hardware.from_profile(profile)
         self.eff = efficiency or Efficiency.prior(profile.hw)
         self.cost = cost  # "aic": price forwards from AIConfigurator's database where it covers them
+        # live trials on this hardware (tuner/live/calibration.py): measured / simulated throughput, a time scale
+        self.calibration = calibration
         if cost == "aic":
             from tuner.aic import resolve
             from tuner.errors import TunerError
@@ -115,8 +118,9 @@ class SimulateEvaluator(Evaluator):
         from tuner.acceptance import acceptance_for
 
         src = acceptance_for(self.profile, "markov").source
+        cal = f"; times scaled by {self.calibration['source']}" if self.calibration else ""
         return (f"simulated {self.profile.model.name or 'model'} on {self.hw.name or 'hardware'} "
-                f"(cost: {self.cost_label()}; acceptance {src})")
+                f"(cost: {self.cost_label()}; acceptance {src}{cal})")
 
     def evaluate(self, params: dict[str, Any], seed: int = 0) -> Evaluation:
         from tuner.acceptance import acceptance_for
@@ -142,6 +146,11 @@ class SimulateEvaluator(Evaluator):
             return Evaluation({}, False, bad.why_infeasible, {**bad.extra, "cost_source": cost})
         keys = ("throughput", "tpot_p99_ms", "ttft_p99_ms", "tpot_mean_ms", "tau", "verify_tokens_per_step")
         metrics = {k: sum(getattr(r, k) for r in runs) / len(runs) for k in keys}
+        if self.calibration:  # one time scale for every step: throughput up by it, latencies down
+            k = float(self.calibration["scale"])
+            metrics["throughput"] *= k
+            for key in ("tpot_p99_ms", "ttft_p99_ms", "tpot_mean_ms"):
+                metrics[key] /= k
         return Evaluation(metrics, True, "", {**runs[0].extra, "samples": len(runs), "cost_source": cost})
 
     def sps_table(self, params: dict[str, Any]):

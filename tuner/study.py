@@ -47,7 +47,7 @@ class StudySpec(BaseModel):
     profile_id: int | None = None
     plan: dict[str, Any]  # the kb Plan as JSON
     plan_id: int | None = None
-    mode: Literal["simulate", "measure"] = "simulate"
+    mode: Literal["simulate", "measure", "live"] = "simulate"
     cost: Literal["roofline", "aic"] = "roofline"  # simulate: what prices a forward (tuner/perf.py, tuner/aic.py)
     objectives: list[str] = ["throughput", "tpot_p99"]
     slo_ttft_ms: float | None = None  # p99 TTFT limit (constraint)
@@ -56,6 +56,18 @@ class StudySpec(BaseModel):
     n_requests: int | None = None  # simulated requests per trial (None: 6 x concurrency, 48..384)
     trial_seconds: float = 60.0  # measure mode: a trial's generation stops after this long (figures cover what ran)
     tool_version: str = ""
+    # live (tune --engine): the serving engine launched per trial and how it is driven
+    engine: str | None = None  # tuner/live/engines.py ENGINES: dspark, vllm, sglang
+    engine_python: str | None = None  # the interpreter that has the engine (None: found on PATH)
+    engine_version: str | None = None  # what the study found and measured (checked again on resume)
+    draft: str | None = None  # the autoregressive draft model of `spec.method: draft_model`
+    live_concurrency: int | None = None  # closed-loop clients (None: the profiled concurrency)
+    live_requests: int | None = None  # requests per trial (None: 3 x clients, at least 16)
+    live_max_tokens: int | None = None  # cap on each request's output tokens (None: the workload's lengths)
+    live_load: Literal["closed", "sweep"] = "closed"  # closed loop, or then open-loop rates (throughput at SLO)
+    startup_seconds: float = 600.0  # a server not healthy after this long is a failed trial
+    prior: dict[str, Any] | None = None  # live: the simulated optimum of the same space, run after trial 0
+    calibration: dict[str, Any] | None = None  # simulate: live trials' time scale on this hardware (scale, source)
 
     def profile_model(self) -> Profile:
         return Profile.model_validate(self.profile)
@@ -75,7 +87,12 @@ class StudySpec(BaseModel):
     def space(self) -> SearchSpace:
         """The searched space: kernel knobs only when measuring on a GPU, where they can be observed."""
         gpu_measure = self.mode == "measure" and self.profile_model().hw.arch not in (None, "cpu")
-        return space_from_plan(self.plan_model(), tune_kernels=gpu_measure)
+        space = space_from_plan(self.plan_model(), tune_kernels=gpu_measure)
+        if self.mode == "live":
+            from tuner.live.space import engine_space
+
+            return engine_space(space, self)
+        return space
 
 
 class _RetryStale:
@@ -169,7 +186,12 @@ def directions(objectives: list[str]) -> list[str]:
 
 def make_evaluator(spec: StudySpec) -> Evaluator:
     if spec.mode == "simulate":
-        return SimulateEvaluator(spec.profile_model(), n_requests=spec.n_requests, cost=spec.cost)
+        return SimulateEvaluator(spec.profile_model(), n_requests=spec.n_requests, cost=spec.cost,
+                                 calibration=spec.calibration)
+    if spec.mode == "live":
+        from tuner.live.evaluator import LiveEvaluator
+
+        return LiveEvaluator(spec)
     from tuner.measure import MeasureEvaluator
 
     return MeasureEvaluator(spec.profile_model(), trial_limit_s=spec.trial_seconds)
@@ -242,6 +264,8 @@ def open_study(db_url: str, name: str, spec: StudySpec | None):  # -> optuna.Stu
     return study
 
 
+LIVE_ATTRS = ("engine", "predicted", "startup_s", "server_starts", "reused_server", "fail_kind", "server_log",
+              "sweep")
 INFEASIBLE = 1e3  # constraint value of a configuration that does not run: worse than any relative SLO miss
 
 
@@ -305,6 +329,9 @@ def objective_fn(space: SearchSpace, evaluator: Evaluator, spec: StudySpec, targ
         trial.set_user_attr("feasible", ev.feasible)
         if ev.extra.get("cost_source"):  # what priced this trial's forwards (aic:..., roofline, measured)
             trial.set_user_attr("cost_source", ev.extra["cost_source"])
+        for key in LIVE_ATTRS:  # a live trial: the engine, its start, the simulator's prediction, a failure's kind
+            if key in ev.extra:
+                trial.set_user_attr(key, ev.extra[key])
         for key, value in slo_constraints(ev, spec.slo_tpot_ms, spec.slo_ttft_ms).items():
             trial.set_constraint(key, value)
         if not ev.feasible:
@@ -357,15 +384,20 @@ def run_worker(db_url: str, name: str, target: int, worker: int = 0, timeout: fl
         return live(study) >= target or (deadline is not None and time.time() >= deadline)
 
     ran = 0
-    with quiet_interrupts():
-        if worker == 0 and space.distributions:
-            from tuner.design import screen
+    try:
+        with quiet_interrupts():
+            if worker == 0 and space.distributions:
+                from tuner.design import screen
 
-            ran = screen(study, space, objective, target, lambda t: trial_rank(t, maximizes(spec)), callbacks,
-                         done=full)
-        while not full():
-            study.optimize(objective, n_trials=1, callbacks=callbacks, catch=())
-            ran += 1
+                ran = screen(study, space, objective, target, lambda t: trial_rank(t, maximizes(spec)), callbacks,
+                             done=full, starts=[spec.prior] if spec.prior else None)
+            while not full():
+                study.optimize(objective, n_trials=1, callbacks=callbacks, catch=())
+                ran += 1
+    finally:
+        close = getattr(evaluator, "close", None)
+        if close is not None:  # a live study's running server stops here, even on Ctrl-C
+            close()
     return ran
 
 

@@ -27,6 +27,8 @@ VLLM_QUANT = {"auto": None, "bf16": None, "fp16": None, "fp32": None, "fp8": "fp
 SGLANG_ATTENTION = {"torch": "torch_native", "triton": "triton", "flashinfer": "flashinfer", "fa3": "fa3",
                     "fa4": "fa4", "trtllm_mha": "trtllm_mha", "trtllm_mla": "trtllm_mla", "flashmla": "flashmla",
                     "aiter": "aiter"}
+VLLM_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # --dtype (others: the checkpoint's)
+DRAFTED_METHODS = ("dspark", "draft_model")  # vLLM speculative methods that load a draft checkpoint
 VLLM_ATTENTION = {"triton": "TRITON_ATTN", "flashinfer": "FLASHINFER", "fa3": "FLASH_ATTN", "fa4": "FLASH_ATTN",
                   "trtllm_mha": "FLASHINFER", "trtllm_mla": "FLASHINFER_MLA", "flashmla": "FLASHMLA",
                   "aiter": "ROCM_AITER_FA"}
@@ -153,17 +155,46 @@ def vllm_memory_utilization(profile: Profile, p: dict[str, Any]) -> float:
     return round(min(0.98, float(p["memory.fraction_static"]) + act / mem), 3)
 
 
-def vllm_context(profile: Profile, p: dict[str, Any], bundled: bool = False, max_seq_len: int = 0
-                 ) -> dict[str, Any]:
+def _cpu_build() -> dict[str, Any]:
+    """vLLM's CPU build in tuner/catalog/engines.yaml."""
+    import yaml
+
+    return yaml.safe_load((CATALOG / "engines.yaml").read_text())["vllm"]["builds"]["cpu"]
+
+
+def vllm_cpu_kv_space_gib(profile: Profile, p: dict[str, Any], max_seq_len: int) -> int:
+    """VLLM_CPU_KVCACHE_SPACE (GiB) for vLLM's CPU build: the KV of max_num_seqs full-length requests (and as much
+    again for a draft model's cache), at least 1 GiB. vLLM's CPU worker sizes its KV pool from this variable, not
+    from --gpu-memory-utilization."""
+    m = profile.model
+    per_token = 2 * (m.num_layers or 32) * (m.num_kv_heads or 8) * (m.head_dim or 128) * 4  # fp32 worst case
+    need = per_token * max(1, max_seq_len) * int(p["batch.max_requests"]) * 2
+    return max(1, -(-need // 2**30))
+
+
+def vllm_context(profile: Profile, p: dict[str, Any], bundled: bool = False, max_seq_len: int = 0,
+                 draft_model: str | None = None) -> dict[str, Any]:
+    """`draft_model`: the small autoregressive draft of `spec.method: draft_model` (tune --draft)."""
     ctx = _common(profile, p, bundled, max_seq_len)
     draft = draft_ref(profile, bundled)  # None: vllm.sh puts DRAFT_MODEL_PATH in, or refuses to start
+    if p.get("spec.method") == "draft_model":
+        draft = draft_model
+        ctx.update(draft_bundled=False, draft_path=draft_model)
     passes = {field: bool(p[name]) for name, field in VLLM_PASSES.items() if p.get(name) is not None}
-    spec = {"method": "dspark", **({"model": draft} if draft else {}), "num_speculative_tokens": ctx["block_size"],
-            "enable_adaptive_verification": p["spec.scheduler"] != "verify_all"}
-    return {**ctx, "quantization": VLLM_QUANT.get(p["weights.dtype"]),
+    method = str(p.get("spec.method") or "dspark")
+    needs_draft = method in DRAFTED_METHODS
+    spec: dict[str, Any] = {"method": method, **({"model": draft} if draft and needs_draft else {}),
+                            "num_speculative_tokens": ctx["block_size"]}
+    if method == "dspark":
+        spec["enable_adaptive_verification"] = p["spec.scheduler"] != "verify_all"
+    cpu = profile.hw.arch == "cpu"
+    return {**ctx, "quantization": VLLM_QUANT.get(p["weights.dtype"]), "method": method, "needs_draft": needs_draft,
+            "dtype": VLLM_DTYPE.get(p["weights.dtype"]), "cpu": cpu,
+            "cpu_kv_space_gib": vllm_cpu_kv_space_gib(profile, p, max_seq_len) if cpu else 0,
+            "enforce_eager": cpu and bool(_cpu_build().get("enforce_eager")),
             "attention_backend": VLLM_ATTENTION.get(p["attention.backend"]),
             "gpu_memory_utilization": vllm_memory_utilization(profile, p),
-            "vllm_head_ok": p["spec.head"] in VLLM_HEADS,
+            "vllm_head_ok": p["spec.head"] in VLLM_HEADS or method != "dspark",
             "compilation_config": json.dumps({"pass_config": passes}, sort_keys=True) if passes else None,
             "speculative_config_json": json.dumps(spec, indent=2), "vllm_source": _source("releases.yaml")}
 

@@ -14,7 +14,8 @@ import pytest
 
 from kb.params import all_params
 from tests.tuner.fixtures import QWEN3_8B_H100
-from tuner.export import SGLANG_TEMPLATE, VLLM_TEMPLATES, _env
+from tuner.launch import SGLANG_TEMPLATE, VLLM_TEMPLATES
+from tuner.launch import template_env as _env
 from tuner.space import engine_defaults
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +29,7 @@ PAIRS: dict[str, tuple[Any, Any]] = {
     "spec.scheduler": ("prefix", "verify_all"), "spec.confidence_threshold": (0.1, 0.9),
     "spec.max_verify_tokens": (16, 1), "spec.fallback_acceptance": (0.0, 0.9), "spec.adaptive_gamma": (False, True),
     "spec.draft_layers": (1, 8), "spec.markov_rank": (16, 1024), "spec.draft_kv_dtype": ("auto", "fp8"),
+    "spec.method": ("dspark", "ngram"),
     "batch.max_requests": (8, 2), "batch.max_tokens": (4096, 256), "batch.timeout_ms": (0.0, 200.0),
     "batch.chunked_prefill": (0, 256), "batch.cuda_graph_max_bs": (0, 64), "memory.fraction_static": (0.9, 0.2),
     "kv.dtype": ("auto", "fp8_e4m3"), "weights.dtype": ("auto", "fp8"), "attention.backend": ("fa3", "flashinfer"),

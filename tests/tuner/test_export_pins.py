@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from tests.tuner.fixtures import plan, profile
-from tuner.export import SGLANG_TEMPLATE, VLLM_TEMPLATES, _env
+from tuner.launch import SGLANG_TEMPLATE, VLLM_TEMPLATES
+from tuner.launch import template_env as _env
 from tuner.space import space_from_plan
 from tuner.targets import (
     KV_DTYPE,

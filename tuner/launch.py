@@ -1,0 +1,67 @@
+"""The launch files of a tuned configuration, per engine: what `export` writes into the bundle and what a live
+trial (`tune --engine ...`) writes into its trial folder and runs. One function per engine, so the server a live
+study measured is started by exactly the script the bundle ships.
+
+- dspark: dspark.yaml (the bundled engine's config, tuner/engine_config.py), sps.json, sts.json, dspark.sh;
+- vllm: vllm.json (the speculative config) and vllm.sh;
+- sglang: sglang.sh (it reads sps.json and sts.json beside it).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+TEMPLATES = Path(__file__).parent / "templates"
+DSPARK_TEMPLATES = ("dspark/v1/dspark.yaml.j2", "dspark/v1/dspark.sh.j2")
+SGLANG_TEMPLATE = "sglang/dspark-v2/sglang.sh.j2"
+VLLM_TEMPLATES = ("vllm/v0.33/vllm.json.j2", "vllm/v0.33/vllm.sh.j2")
+ENGINE_FILES = {"dspark": ("dspark.yaml", "sps.json", "sts.json", "dspark.sh"), "vllm": ("vllm.json", "vllm.sh"),
+                "sglang": ("sglang.sh", "sps.json", "sts.json")}
+SCRIPTS = {"dspark": "dspark.sh", "vllm": "vllm.sh", "sglang": "sglang.sh"}  # the script that starts each engine
+
+
+def _quote(value: Any) -> str:
+    """Jinja filter `q`: a value as one shell word, whatever it holds."""
+    return shlex.quote(str(value))
+
+
+def template_env():  # -> jinja2.Environment
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, autoescape=False)
+    env.filters["q"] = _quote
+    return env
+
+
+def write_dspark(folder: Path, config, sps, sts: dict[str, Any], common: dict[str, Any]) -> None:
+    """dspark.yaml (checked by the engine's own config model), sps.json, sts.json and dspark.sh."""
+    from dspark_core.config import load_config, save_config
+
+    env = template_env()
+    config.spec.sps_path, config.spec.sts_path = "sps.json", "sts.json"
+    path = folder / "dspark.yaml"
+    save_config(config, path)
+    path.write_text(env.get_template(DSPARK_TEMPLATES[0]).render(config_yaml=path.read_text(), **common))
+    load_config(path)  # the engine's own model accepts what we wrote
+    sps.save(folder / "sps.json")
+    (folder / "sts.json").write_text(json.dumps(sts, indent=2) + "\n")
+    _script(folder, "dspark.sh", env.get_template(DSPARK_TEMPLATES[1]).render(**common))
+
+
+def write_vllm(folder: Path, context: dict[str, Any], common: dict[str, Any]) -> None:
+    env = template_env()
+    (folder / "vllm.json").write_text(env.get_template(VLLM_TEMPLATES[0]).render(**common, **context))
+    _script(folder, "vllm.sh", env.get_template(VLLM_TEMPLATES[1]).render(**common, **context))
+
+
+def write_sglang(folder: Path, context: dict[str, Any], common: dict[str, Any]) -> None:
+    _script(folder, "sglang.sh", template_env().get_template(SGLANG_TEMPLATE).render(**common, **context))
+
+
+def _script(folder: Path, name: str, text: str) -> None:
+    (folder / name).write_text(text)
+    (folder / name).chmod(0o755)

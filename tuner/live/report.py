@@ -1,0 +1,41 @@
+"""The report's live-trial table: each trial's server (started or reused, start-up time), what it measured against
+what the simulator predicted for the same configuration, or why its server failed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def live_rows(trials: list[Any]) -> list[dict[str, str]]:
+    rows = []
+    for t in trials:
+        a = t.user_attrs
+        if a.get("mode") != "live":
+            continue
+        m, p = a.get("metrics") or {}, a.get("predicted") or {}
+
+        start = "reused" if a.get("reused_server") else (f"{a['startup_s']:.1f} s" if "startup_s" in a else "failed")
+        rows.append({"number": str(t.number), "start": start, "throughput": _both(m, p, "throughput", ",.1f"),
+                     "tpot": _both(m, p, "tpot_p99_ms", ".2f"), "ttft": _both(m, p, "ttft_p99_ms", ".0f"),
+                     "tau": format(m["tau"], ".2f") if "tau" in m else "-",
+                     "outcome": f"{a['fail_kind']}: {a.get('why', '')}"[:300].replace("|", "/") if a.get("fail_kind")
+                     else ("meets the SLOs" if all(v <= 0 for v in t.constraints.values()) else "misses an SLO")})
+    return rows
+
+
+def _both(m: dict[str, float], p: dict[str, float], key: str, fmt: str) -> str:
+    """The measured figure, and the predicted one in brackets."""
+    got = format(m[key], fmt) if key in m else "-"
+    return f"{got} ({format(p[key], fmt)})" if key in p else got
+
+
+def calibration_line(trials: list[Any]) -> str | None:
+    """How far the simulator's throughput was from the measurement (the calibration `tune` stores)."""
+    from tuner.live.calibration import fit_scale
+
+    fit = fit_scale(trials)
+    if fit is None:
+        return None
+    return (f"Simulator against these measurements: measured / predicted throughput x{fit['scale']:.3g} (geometric "
+            f"mean over {fit['trials']:.0f} trials, spread x{fit['spread']:.2f}); later simulated studies on this "
+            "hardware are scaled by it (tune --calibration).")
