@@ -50,5 +50,6 @@ class CalibrationRow(Base):
     scale: Mapped[float] = mapped_column(Float)  # geometric mean of measured / predicted throughput
     spread: Mapped[float] = mapped_column(Float)  # exp(std of the log ratios): how uniform the scale is
     trials: Mapped[int] = mapped_column(Integer)
+    efficiency: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # refitted tuner.perf.Efficiency
     study: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)

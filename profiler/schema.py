@@ -129,6 +129,7 @@ class Entropy(_Strict):
 
 class WorkloadProfile(_Strict):
     name: str | None = None  # preset or file name
+    path: str | None = None  # a JSONL file's absolute path: the requests a live study replays (tune --engine)
     domain: Domain | None = None
     prompt_len: Lengths | None = None  # tokens
     output_len: Lengths | None = None  # tokens

@@ -123,7 +123,7 @@ def file_profile(path: str, tokenize: Any = None, max_context: int | None = None
     if not olens:
         notes.append(f"no output_len in the file; output lengths from the '{domain}' preset")
     return WorkloadProfile(
-        name=Path(path).name, domain=domain, prompt_len=_lengths(plens),
+        name=Path(path).name, path=str(Path(path).resolve()), domain=domain, prompt_len=_lengths(plens),
         output_len=_lengths(olens) if olens else base.output_len, concurrency=base.concurrency,
         request_rate=rate, slo=base.slo, temperature=base.temperature,
     ), notes

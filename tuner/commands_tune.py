@@ -227,7 +227,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                             plan=plan_json, plan_id=plan_id, mode=chosen, objectives=objectives,
                             slo_ttft_ms=slo.ttft_ms if slo else None, slo_tpot_ms=slo.tpot_ms if slo else None,
                             seed=seed, tool_version=tool, trial_seconds=trial_seconds, cost=priced)
-        if chosen == "simulate" and calibrated:
+        if chosen in ("simulate", "live") and calibrated:
             from tuner.live.calibration import lookup
 
             spec.calibration = lookup(database, profile.hw.name, profile.model.name)
@@ -253,6 +253,8 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
     if stored.mode == "live":
         from tuner.live.calibration import store
 
+        if not as_json:
+            err_console.print("calibrating the simulator on the measured trials ...", highlight=False)
         fit = store(database, study_name, stored, st.completed(done))
         if fit is not None:
             summary["calibration"] = fit
@@ -270,8 +272,8 @@ def _live_spec(spec, engine: str, python: Path | None, draft: str | None, reques
     """A live study's settings: the engine found here (one line when it is missing or not the pinned version) and
     the simulated optimum it starts from."""
     from tuner.live.engines import ENGINES
-    from tuner.live.prior import simulated_optimum
     from tuner.measure import _checkpoint
+    from tuner.prior import simulated_optimum
 
     if draft is not None and not (Path(draft) / "config.json").is_file():
         raise TunerError(f"--draft {draft}: not a checkpoint folder (no config.json); give a small autoregressive "
@@ -319,9 +321,10 @@ def _print_summary(s: dict[str, Any]) -> None:
     console.print(f"  bundle: {s['out']}/ ({', '.join(s['files'])})")
     if s.get("calibration"):
         c = s["calibration"]
-        console.print(f"  simulator calibrated: measured / predicted throughput x{c['scale']:.3g} over "
-                      f"{c['trials']:.0f} trials (spread x{c['spread']:.2f}); later simulated studies of this "
-                      "hardware use it")
+        how = "efficiencies refitted, " if c.get("efficiency") else ""
+        console.print(f"  simulator calibrated on {c['trials']:.0f} trials ({how}residual scale x{c['scale']:.3g}; "
+                      f"measured / predicted spread x{c['spread_before']:.2f} -> x{c['spread']:.2f}); later studies "
+                      "of this hardware simulate with it")
 
 
 def export(study_name: Annotated[str, typer.Option("--study", help="Study to export.")],

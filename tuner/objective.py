@@ -68,6 +68,8 @@ class SimulateEvaluator(Evaluator):
         self.profile = profile
         self.shape = ModelShape.from_profile(profile)
         self.hw = Hardware.from_profile(profile)
+        if efficiency is None and calibration and calibration.get("efficiency"):
+            efficiency = Efficiency(**calibration["efficiency"])
         self.eff = efficiency or Efficiency.prior(profile.hw)
         self.cost = cost  # "aic": price forwards from AIConfigurator's database where it covers them
         # live trials on this hardware (tuner/live/calibration.py): measured / simulated throughput, a time scale

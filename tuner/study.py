@@ -265,7 +265,7 @@ def open_study(db_url: str, name: str, spec: StudySpec | None):  # -> optuna.Stu
 
 
 LIVE_ATTRS = ("engine", "predicted", "startup_s", "server_starts", "reused_server", "fail_kind", "server_log",
-              "sweep")
+              "sweep", "server_key", "same_server")
 INFEASIBLE = 1e3  # constraint value of a configuration that does not run: worse than any relative SLO miss
 
 

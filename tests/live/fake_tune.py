@@ -32,7 +32,7 @@ class FakeEngine(DsparkEngine):
         mode = modes[min(n, len(modes) - 1)]
         (folder / "params.txt").write_text(repr(sorted(params.items())))
         return Launch([sys.executable, str(SERVER), str(port), mode], {}, folder, port,
-                      files={"params": repr(sorted(params.items())), "start": str(n)})
+                      identity=f"start {n}")  # every start a new server: each takes the next mode
 
 
 ENGINES["fake"] = FakeEngine

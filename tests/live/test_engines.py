@@ -105,3 +105,17 @@ def test_dspark_launch_serves_the_tuned_config(tmp_path):
     cfg = load_config(tmp_path / "dspark.yaml")
     assert cfg.batch.max_requests == 4 and cfg.spec.block_size == p["spec.block_size"]
     assert Path(cfg.spec.sps_path).name == "sps.json" and "serve --config" in (tmp_path / "dspark.sh").read_text()
+
+
+def test_with_speculation_off_the_speculation_knobs_name_the_same_server(tmp_path):
+    profile = _profile("cpu")
+    eng = VllmEngine(profile, TINY)
+    p = _params(profile, **{"spec.enabled": False, "memory.page_size": 32})
+    a, b, c = (tmp_path / n for n in "abc")
+    for f in (a, b, c):
+        f.mkdir()
+    ka = eng.write(a, p, 1, FOUND).key()
+    kb = eng.write(b, {**p, "spec.block_size": p["spec.block_size"] + 1}, 2, FOUND).key()
+    kc = eng.write(c, {**p, "spec.enabled": True, "spec.method": "ngram"}, 3, FOUND).key()
+    assert ka == kb != kc
+    assert "--speculative-config" not in (a / "vllm.sh").read_text()

@@ -1,26 +1,48 @@
-"""The simulator calibrated on live trials: one time scale per machine and model.
+"""The simulator calibrated on live trials: its efficiencies refitted so that it predicts what was measured.
 
-Each live trial carries the simulator's prediction for its configuration. The geometric mean of measured /
-predicted throughput is the scale by which this machine (and engine) is faster than the simulator thinks; it is
-stored (kb table `calibrations`) and later simulated studies of the same hardware scale every time by it: a
-closed-loop throughput is multiplied by it, latencies divided. The spread says how far one scale explains the
-trials; the ranking between configurations stays the simulator's.
+Each live trial carries its configuration and what it measured. `fit` searches the simulator's compute
+efficiency, per-forward overhead and per-request host cost (the three terms that shape how throughput moves with
+batch size, block length and dtype on a device; a grid over each, every trial re-simulated) for the smallest
+squared log error of throughput, then one residual time scale (the geometric mean of measured / predicted). The
+result is stored (kb table `calibrations`); later studies of the same hardware, simulated or live (their prior and
+their predictions), simulate with it.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, replace
 from typing import Any
 
-MIN_TRIALS = 2
+import numpy as np
+
+MIN_TRIALS = 2  # for the time scale
+MIN_SHAPE_TRIALS = 4  # distinct measured configurations before the efficiencies are refitted
+COMPUTE = np.geomspace(0.02, 8.0, 7)  # compute efficiency (achieved / the profile's peak FLOPs, which a CPU's
+# measured matmul can understate)
+OVERHEAD = np.geomspace(2e-5, 2e-2, 6)  # seconds per forward
+PER_REQUEST = (0.0, *np.geomspace(5e-5, 5e-3, 4))  # host seconds per running request and engine round
+
+
+def _measured(trials: list[Any]) -> list[tuple[dict[str, Any], float, float | None]]:
+    """(params, measured throughput, predicted throughput) of each trial that measured one, distinct servers."""
+    out, seen = [], set()
+    for t in trials:
+        a = t.user_attrs
+        m, p = a.get("metrics") or {}, a.get("predicted") or {}
+        if a.get("same_server") or m.get("throughput", 0) <= 0:
+            continue
+        key = a.get("server_key") or t.number
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append((dict(t.params), float(m["throughput"]), p.get("throughput")))
+    return out
 
 
 def fit_scale(trials: list[Any]) -> dict[str, float] | None:
-    logs = []
-    for t in trials:
-        m, p = t.user_attrs.get("metrics") or {}, t.user_attrs.get("predicted") or {}
-        if m.get("throughput", 0) > 0 and p.get("throughput", 0) > 0:
-            logs.append(math.log(m["throughput"] / p["throughput"]))
+    """The residual time scale of the stored predictions: geometric mean and spread of measured / predicted."""
+    logs = [math.log(m / p) for _, m, p in _measured(trials) if p]
     if len(logs) < MIN_TRIALS:
         return None
     mean = sum(logs) / len(logs)
@@ -28,19 +50,60 @@ def fit_scale(trials: list[Any]) -> dict[str, float] | None:
     return {"scale": math.exp(mean), "spread": math.exp(sd), "trials": float(len(logs))}
 
 
-def store(db, study: str, spec, trials: list[Any]) -> dict[str, float] | None:  # noqa: ANN001 - KB, StudySpec
+def fit(spec, trials: list[Any]) -> dict[str, Any] | None:  # noqa: ANN001 - tuner.study.StudySpec
+    """The calibration of a finished live study: refitted efficiencies (with enough distinct configurations) and
+    the residual scale, with the spread of measured / predicted before and after."""
+    from tuner.objective import SimulateEvaluator
+    from tuner.perf import Efficiency
+
+    rows = _measured(trials)
+    before = fit_scale(trials)
+    if before is None:
+        return None
+    profile = spec.profile_model()
+    space = spec.space()
+    base = Efficiency.prior(profile.hw)
+    best: tuple[float, Efficiency, list[float]] | None = None
+    if len(rows) >= MIN_SHAPE_TRIALS:
+        params = [space.params_of(p) for p, _, _ in rows]
+        meas = np.log([m for _, m, _ in rows])
+        for c in COMPUTE:
+            for o in OVERHEAD:
+                for r in PER_REQUEST:
+                    eff = replace(base, compute=float(c), overhead_s=float(o), round_request_s=float(r))
+                    ev = SimulateEvaluator(profile, n_requests=32, efficiency=eff, repeats=1)
+                    pred = [ev.evaluate(p, seed=spec.seed).metrics.get("throughput", 0.0) for p in params]
+                    if min(pred) <= 0:
+                        continue
+                    resid = meas - np.log(pred)
+                    err = float(np.var(resid))  # the residual scale takes out the mean
+                    if best is None or err < best[0]:
+                        best = (err, eff, list(resid))
+    if best is None:
+        return {"scale": before["scale"], "spread": before["spread"], "spread_before": before["spread"],
+                "trials": before["trials"], "efficiency": None}
+    _, eff, resid = best
+    k = math.exp(float(np.mean(resid)))
+    spread = math.exp(float(np.std(resid, ddof=1)))
+    eff = replace(eff, source=f"calibrated: {len(rows)} live trials on {spec.engine_version or spec.engine}")
+    return {"scale": k, "spread": spread, "spread_before": before["spread"], "trials": float(len(rows)),
+            "efficiency": {k2: v for k2, v in asdict(eff).items() if k2 != "kernels"}}
+
+
+def store(db, study: str, spec, trials: list[Any]) -> dict[str, Any] | None:  # noqa: ANN001 - KB, StudySpec
     """Fit and store the calibration of a finished live study (None: too few trials with a prediction)."""
     from kb.models_live import CalibrationRow
 
-    fit = fit_scale(trials)
-    if fit is None:
+    got = fit(spec, trials)
+    if got is None:
         return None
     p = spec.profile_model()
     with db.session() as s:
         s.add(CalibrationRow(hw_name=p.hw.name or "device", model_name=p.model.name or "model",
-                             engine=spec.engine_version or spec.engine or "?", scale=fit["scale"],
-                             spread=fit["spread"], trials=int(fit["trials"]), study=study))
-    return fit
+                             engine=spec.engine_version or spec.engine or "?", scale=got["scale"],
+                             spread=got["spread"], trials=int(got["trials"]), study=study,
+                             efficiency=got["efficiency"]))
+    return got
 
 
 def lookup(db, hw_name: str | None, model_name: str | None) -> dict[str, Any] | None:  # noqa: ANN001 - KB
@@ -57,6 +120,7 @@ def lookup(db, hw_name: str | None, model_name: str | None) -> dict[str, Any] | 
         row = next((r for r in rows if r.model_name == model_name), rows[0] if rows else None)
         if row is None:
             return None
-        return {"scale": row.scale, "spread": row.spread, "source": f"calibration #{row.calibration_id}: "
-                f"{row.trials} live trials of {row.model_name} on {row.engine} (study {row.study}), measured / "
-                f"predicted throughput x{row.scale:.3g}"}
+        how = "efficiencies refitted and " if row.efficiency else ""
+        return {"scale": row.scale, "spread": row.spread, "efficiency": row.efficiency,
+                "source": f"calibration #{row.calibration_id} ({how}times x{1 / row.scale:.3g}): {row.trials} live "
+                          f"trials of {row.model_name} on {row.engine}, study {row.study}"}

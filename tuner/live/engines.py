@@ -7,6 +7,7 @@ A plug-in base with three abstract methods, `locate`, `narrow` and `write`; ENGI
 from __future__ import annotations
 
 import abc
+import json
 import os
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ import yaml
 
 from profiler.schema import Profile
 from tuner.errors import TunerError
-from tuner.launch import SCRIPTS, write_dspark, write_sglang, write_vllm
+from tuner.launch import ENGINE_FILES, SCRIPTS, write_dspark, write_sglang, write_vllm
 from tuner.live.process import Launch
 
 CATALOG = Path(__file__).resolve().parents[1] / "catalog"
@@ -96,12 +97,32 @@ class LiveEngine(abc.ABC):
         return {"study": "live trial", "trial_number": trial, "mode": "live",
                 "hw_name": self.profile.hw.name or "device", "model_name": self.profile.model.name or "model"}
 
-    def _launch(self, folder: Path, port: int, found: Found, env: dict[str, str], *extra: str) -> Launch:
+    def _launch(self, folder: Path, port: int, found: Found, env: dict[str, str],
+                params: dict[str, Any] | None = None) -> Launch:
+        """The engine's script in `folder`; its identity (what a reused server must match) is the configuration as
+        the engine sees it, else the launch files' content."""
         path = os.environ.get("PATH", "")
         files = {n: "\n".join(ln for ln in (folder / n).read_text().splitlines() if not ln.lstrip().startswith("#"))
-                 for n in sorted(os.listdir(folder)) if (folder / n).is_file() and not n.endswith(".log")}
-        return Launch(["bash", str(folder / SCRIPTS[self.name]), "--host", "127.0.0.1", "--port", str(port), *extra],
-                      {"PATH": f"{found.bin_dir}{os.pathsep}{path}", **env}, folder, port, files=files)
+                 for n in ENGINE_FILES.get(self.name, ()) if (folder / n).is_file()}
+        ident = json.dumps(self.seen(params), sort_keys=True, default=str) if params is not None else None
+        return Launch(["bash", str(folder / SCRIPTS[self.name]), "--host", "127.0.0.1", "--port", str(port)],
+                      {"PATH": f"{found.bin_dir}{os.pathsep}{path}", **env}, folder, port, files=files,
+                      identity=ident)
+
+    def seen(self, params: dict[str, Any]) -> dict[str, Any]:
+        """What of `params` the engine can tell apart: the parameters it reads, with the speculation settings
+        dropped when speculation is off (two such trials start the same server)."""
+        from kb.params import param_spec
+
+        def reads(name: str) -> bool:
+            spec = param_spec(name)
+            return self.reader in (spec.readers if spec else ()) or (name.startswith("kernel.") and
+                                                                     self.reader == "engine")
+
+        out = {k: v for k, v in params.items() if reads(k)}
+        if not params.get("spec.enabled", True):
+            out = {k: v for k, v in out.items() if not k.startswith("spec.") or k == "spec.enabled"}
+        return out
 
     def _find(self, packages: tuple[str, ...], module_hint: str) -> Found:
         py = self.python or _python_with(packages)
@@ -190,7 +211,7 @@ class DsparkEngine(LiveEngine):
         write_dspark(folder, cfg, self.sps_table(params), sts_payload(self.profile, params,
                                                                        measured_calibration(drafter)),
                      self.common(0))
-        return self._launch(folder, port, found, self.env(found))
+        return self._launch(folder, port, found, self.env(found), params)
 
     def env(self, found: Found) -> dict[str, str]:
         return {"DSPARK_PYTHON": found.python}
@@ -226,8 +247,8 @@ class VllmEngine(LiveEngine):
         out.update({k: list(v) for k, v in (b.get("search") or {}).items()})
         if self.cpu:
             out["kv.dtype"] = ["auto"]  # the CPU build's KV is the model dtype (bf16 / fp16 map to no flag)
-        if "dspark" not in methods:
-            out["spec.scheduler"] = ["verify_all"]  # n-gram and draft-model proposals are verified whole
+        if "dspark" not in methods:  # n-gram and draft-model proposals are verified whole, by no DSpark head
+            out["spec.scheduler"], out["spec.head"] = ["verify_all"], ["markov"]
         return out
 
     def write(self, folder: Path, params: dict[str, Any], port: int, found: Found) -> Launch:
@@ -238,7 +259,7 @@ class VllmEngine(LiveEngine):
         ctx = vllm_context(self.profile, params, False, seq, draft_model=self.draft)
         ctx["model_path"] = str(self.checkpoint)
         write_vllm(folder, ctx, self.common(0))
-        return self._launch(folder, port, found, self.env(found))
+        return self._launch(folder, port, found, self.env(found), params)
 
     def env(self, found: Found) -> dict[str, str]:
         env = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
@@ -275,7 +296,7 @@ class SglangEngine(LiveEngine):
         import json
 
         (folder / "sts.json").write_text(json.dumps(sts_payload(self.profile, params), indent=2) + "\n")
-        return self._launch(folder, port, found, {})
+        return self._launch(folder, port, found, {}, params)
 
 
 ENGINES: dict[str, type[LiveEngine]] = {"dspark": DsparkEngine, "vllm": VllmEngine, "sglang": SglangEngine}

@@ -45,6 +45,7 @@ class LiveEvaluator(Evaluator):
                              "resume it where that version is, or start a new --study")
         reap_orphans()  # servers a killed tuner left behind
         self._work: Path | None = None
+        self._measured: dict[str, Evaluation] = {}  # launch key -> what its server measured in this run
         self.server: Server | None = None
         self.server_starts = 0
         self.trials = 0
@@ -53,7 +54,11 @@ class LiveEvaluator(Evaluator):
         self.requests = int(spec.live_requests or max(16, 3 * self.concurrency))
         self.max_tokens = spec.live_max_tokens
         self.startup_s = spec.startup_seconds
-        self.workload = wl.name or wl.domain or "chat"  # loadgen's requests: the profiled preset or JSONL file
+        self.workload = wl.path or wl.name or wl.domain or "chat"  # loadgen's requests: the preset or the JSONL file
+        if wl.path and not Path(wl.path).is_file():
+            from tuner.errors import TunerError
+
+            raise TunerError(f"the study's workload file {wl.path} is gone; restore it or profile another workload")
         self.gpus = 1  # devices the trial's server uses (tok/s are per GPU)
         self._sim = None
 
@@ -80,7 +85,8 @@ class LiveEvaluator(Evaluator):
         if self._sim is None:
             from tuner.objective import SimulateEvaluator
 
-            self._sim = SimulateEvaluator(self.profile, repeats=1, cost=self.spec.cost)
+            self._sim = SimulateEvaluator(self.profile, repeats=1, cost=self.spec.cost,
+                                          calibration=self.spec.calibration)
         return self._sim
 
     def predicted(self, params: dict[str, Any]) -> dict[str, float] | None:
@@ -98,7 +104,15 @@ class LiveEvaluator(Evaluator):
         folder.mkdir()
         launch = self.engine.write(folder, params, free_port(), self.found)
         self.gpus = 1 if self.engine.cpu else int(params.get("parallel.tp", 1))
-        return self.run_launch(launch, folder, seed, self.predicted(params))
+        key = launch.key()
+        if key in self._measured:  # the same server as an earlier trial of this run: its measurement stands
+            ev = self._measured[key]
+            return Evaluation(dict(ev.metrics), ev.feasible, ev.why, {**ev.extra, "same_server": True})
+        ev = self.run_launch(launch, folder, seed, self.predicted(params))
+        ev.extra["server_key"] = key[:12]
+        if ev.feasible or ev.extra.get("fail_kind") != "died":  # a death may be chance: measure it again
+            self._measured[key] = ev
+        return ev
 
     def run_launch(self, launch: Launch, folder: Path, seed: int = 0, predicted: dict[str, float] | None = None
                    ) -> Evaluation:

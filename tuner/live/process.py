@@ -76,11 +76,14 @@ class Launch:
     port: int
     health_path: str = "/health"
     files: dict[str, str] = field(default_factory=dict)  # name -> content of the launch files (restart key)
+    identity: str | None = None  # the configuration as the engine sees it (None: the files and flags decide)
 
     def key(self) -> str:
         """Two launches with the same key start the same server: a trial may reuse a running one."""
         import hashlib
 
+        if self.identity is not None:
+            return hashlib.sha256(self.identity.encode()).hexdigest()
         body = json.dumps([self.argv[2:] if len(self.argv) > 2 else self.argv, self.env, self.files], sort_keys=True)
         return hashlib.sha256(body.replace(str(self.port), "PORT").replace(str(self.cwd), "DIR").encode()).hexdigest()
 

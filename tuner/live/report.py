@@ -8,13 +8,22 @@ from typing import Any
 
 def live_rows(trials: list[Any]) -> list[dict[str, str]]:
     rows = []
+    first: dict[str, int] = {}  # server key -> the trial that measured it
     for t in trials:
         a = t.user_attrs
         if a.get("mode") != "live":
             continue
+        key = a.get("server_key")
+        if key and not a.get("same_server"):
+            first.setdefault(key, t.number)
         m, p = a.get("metrics") or {}, a.get("predicted") or {}
 
-        start = "reused" if a.get("reused_server") else (f"{a['startup_s']:.1f} s" if "startup_s" in a else "failed")
+        if a.get("same_server"):
+            start = f"same as trial {first.get(key, '?')}: not rerun"
+        elif a.get("reused_server"):
+            start = "reused"
+        else:
+            start = f"{a['startup_s']:.1f} s" if "startup_s" in a else "failed"
         rows.append({"number": str(t.number), "start": start, "throughput": _both(m, p, "throughput", ",.1f"),
                      "tpot": _both(m, p, "tpot_p99_ms", ".2f"), "ttft": _both(m, p, "ttft_p99_ms", ".0f"),
                      "tau": format(m["tau"], ".2f") if "tau" in m else "-",
@@ -37,5 +46,5 @@ def calibration_line(trials: list[Any]) -> str | None:
     if fit is None:
         return None
     return (f"Simulator against these measurements: measured / predicted throughput x{fit['scale']:.3g} (geometric "
-            f"mean over {fit['trials']:.0f} trials, spread x{fit['spread']:.2f}); later simulated studies on this "
-            "hardware are scaled by it (tune --calibration).")
+            f"mean over {fit['trials']:.0f} trials, spread x{fit['spread']:.2f}). `tune` refits the simulator on them "
+            "and stores the calibration; later studies of this hardware simulate with it (--no-calibration: not).")

@@ -23,6 +23,7 @@ def upgrade() -> None:
         sa.Column("scale", sa.Float, nullable=False),
         sa.Column("spread", sa.Float, nullable=False),
         sa.Column("trials", sa.Integer, nullable=False),
+        sa.Column("efficiency", sa.JSON, nullable=True),
         sa.Column("study", sa.Text, nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, index=True),
     )
