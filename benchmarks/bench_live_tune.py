@@ -203,7 +203,7 @@ def table(r: dict, a: argparse.Namespace) -> str:
              "| our trial | server starts | configuration | tok/s | meets SLOs |", "|---|---|---|---|---|"]
     for row in r["ours"]:
         p = row["params"]
-        conf = ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in sorted(p.items()))
+        conf = ", ".join(f"{k}={v}" for k, v in sorted(p.items()))
         lines.append(f"| {row['trial']} | {row['starts']} | {conf} | {fmt(row['metrics'].get('throughput'))} | "
                      f"{'yes' if row['feasible'] else 'no: ' + (row['why'] or 'SLO')[:80]} |")
     if r["grid"]:
@@ -222,7 +222,7 @@ def table(r: dict, a: argparse.Namespace) -> str:
                       "calibration the first study stored.", "",
                   "| our trial | server starts | configuration | tok/s | meets SLOs |", "|---|---|---|---|---|"]
         for row in sec["ours"]:
-            conf = ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in sorted(row["params"].items()))
+            conf = ", ".join(f"{k}={v}" for k, v in sorted(row["params"].items()))
             lines.append(f"| {row['trial']} | {row['starts']} | {conf} | {fmt(row['metrics'].get('throughput'))} | "
                          f"{'yes' if row['feasible'] else 'no'} |")
         lines += ["", f"Best: {fmt(sec['best_ours'])} tok/s in {sec['ours_starts']} starts ({sec['ours_s']} s); the "
