@@ -72,9 +72,40 @@ def run_ours(a: argparse.Namespace, name: str, trials: int, out: Path, extra: li
     return took, json.loads(stdout), rows
 
 
+def best_grid_row(grid_rows: list[dict]) -> dict | None:
+    ok = [g for g in grid_rows if g["feasible"]]
+    return max(ok, key=lambda g: g["feasible"]) if ok else None
+
+
 def _rank(metrics: dict, cons: dict) -> float | None:
     """SLO-feasible throughput, None when a constraint is missed or the trial failed."""
     return metrics.get("throughput") if metrics and all(v <= 0 for v in cons.values()) else None
+
+
+def head_to_head(ev, spec, arms: dict[str, dict], rounds: int) -> dict[str, list[float]]:  # noqa: ANN001
+    """Each arm's configuration measured again `rounds` times, arms alternating, a fresh server every time.
+
+    A search's best is the maximum of noisy measurements (about +-20% per trial on these shared cores), so
+    comparing the two searches' own bests rewards the luckier draw; measured again side by side, the
+    configurations are compared, not the draws. An SLO miss counts as 0 tok/s."""
+    from tuner.study import slo_constraints
+
+    got: dict[str, list[float]] = {k: [] for k in arms}
+    for i in range(rounds):
+        for name, params in (arms.items() if i % 2 == 0 else reversed(arms.items())):
+            ev.stop()
+            ev._measured.clear()  # measured again, not read back
+            r = ev.evaluate(params, seed=spec.seed)
+            ok = all(v <= 0 for v in slo_constraints(r, spec.slo_tpot_ms, spec.slo_ttft_ms).values())
+            got[name].append(r.metrics.get("throughput", 0.0) if ok else 0.0)
+            print(f"head-to-head {name} #{i + 1}: {got[name][-1]:.1f} tok/s", file=sys.stderr)
+    return got
+
+
+def early_best(rows: list[dict], starts: int) -> dict | None:
+    """Our best SLO-feasible trial among those run within the first `starts` server starts."""
+    ok = [r for r in rows if r["feasible"] and (r["starts"] or 0) <= starts]
+    return max(ok, key=lambda r: r["feasible"]) if ok else None
 
 
 def main() -> None:
@@ -95,6 +126,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="vllm: 2 = a second study of ours in the same knowledge "
                     "base after the grid, whose prior and predictions use the calibration the first one stored; the "
                     "grid's best point is measured again beside it")
+    ap.add_argument("--h2h", type=int, default=3, help="vllm: times each arm's pick (ours within a third of the "
+                    "grid's starts, the grid's best) is measured again side by side (0: none)")
     ap.add_argument("--write", action="store_true")
     a = ap.parse_args()
 
@@ -154,6 +187,22 @@ def main() -> None:
                       "best_ours": best2, "ours_starts": max((r["starts"] or 0 for r in rows2), default=0),
                       "matched_at_start": next((r["starts"] for r in rows2 if r["feasible"] and r["feasible"] >= ref),
                                                None), "reference": ref}
+        h2h = None
+        third = max(1, len(grid) // 3)
+        mine = early_best(rows, third)
+        if a.h2h and grid_rows and mine and best_grid_row(grid_rows):
+            top = best_grid_row(grid_rows)
+            arms = {"ours": space.params_of(mine["params"]),
+                    "grid": {**base, "batch.max_requests": top["max_num_seqs"],
+                             "batch.max_tokens": top["max_num_batched_tokens"], "spec.enabled": False}}
+            if second and early_best(second["ours"], third):
+                arms["ours-2"] = space.params_of(early_best(second["ours"], third)["params"])
+            got = head_to_head(ev, spec, arms, a.h2h)
+            med = {k: statistics.median(v) for k, v in got.items()}
+            h2h = {"within_starts": third, "ours_trial": mine["trial"], "grid_point": [top["max_num_seqs"],
+                   top["max_num_batched_tokens"]], "measured": got, "median": med,
+                   "ratio": med["ours"] / med["grid"] if med["grid"] else None,
+                   "ratio_2": med["ours-2"] / med["grid"] if med["grid"] and "ours-2" in med else None}
         # the bundle's own launch script, started as shipped (the last study's)
         replays = []
         from tuner.live.process import free_port
@@ -180,7 +229,7 @@ def main() -> None:
               "matched_at_start": matched, "grid_starts": len(grid), "exported_trial": summary["trial"],
               "exported_throughput": exported, "replays": replays,
               "replay_ratio": statistics.median(replays) / exported if exported and replays else None,
-              "calibration": summary.get("calibration"), "second": second}
+              "calibration": summary.get("calibration"), "second": second, "h2h": h2h}
     (ROOT / "benchmarks" / "results").mkdir(exist_ok=True)
     name = f"live_tune_{a.engine}_{a.model.replace('-', '_')}"
     (ROOT / "benchmarks" / "results" / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -229,6 +278,19 @@ def table(r: dict, a: argparse.Namespace) -> str:
                       f"grid's best point measured again beside it: {fmt(sec['grid_best_again'])} tok/s. It first "
                       f"reached the grid's best (the lower of its two measurements, {fmt(sec['reference'])}) at server "
                       f"start {sec['matched_at_start'] or 'never'} of the grid's {r['grid_starts']}."]
+    if r.get("h2h"):
+        h = r["h2h"]
+        show = {"ours": f"ours (trial {h['ours_trial']}, the best within {h['within_starts']} server starts)",
+                "ours-2": f"second study's best within {h['within_starts']} starts",
+                "grid": f"grid's best (max_num_seqs {h['grid_point'][0]}, max_num_batched_tokens {h['grid_point'][1]})"}
+        n = len(h["measured"]["grid"])
+        lines += ["", f"Measured again side by side, arms alternating, a fresh server each time ({n} rounds; an SLO "
+                      "miss counts as 0):", "", "| configuration | tok/s | median |", "|---|---|---|"]
+        for k, v in h["measured"].items():
+            lines.append(f"| {show[k]} | {', '.join(fmt(x) for x in v)} | {fmt(h['median'][k])} |")
+        verdict = "at least as good as" if h["ratio"] and h["ratio"] >= 1 else "slower than"
+        lines += ["", f"**Ours within a third of the grid's starts is {verdict} the grid's best: median ratio "
+                      f"{h['ratio']:.2f}x**" + (f" (second study {h['ratio_2']:.2f}x)." if h.get("ratio_2") else ".")]
     rr = r["replay_ratio"]
     lines += ["", f"Exported trial {r['exported_trial']}: {fmt(r['exported_throughput'])} tok/s in the study; its "
                   f"launch script started as shipped: {', '.join(fmt(x) for x in r['replays'])} tok/s, median "

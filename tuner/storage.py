@@ -72,3 +72,22 @@ def _serialise_sqlite(engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     engine.dispose()  # connections opened by RDBStorage's own set-up predate the listeners
+
+
+def stop_heartbeats() -> int:
+    """Stop this process's Optuna heartbeat threads; returns how many were still running.
+
+    Optuna's heartbeat thread is not a daemon and stops only in its context manager's exit. A Ctrl-C that
+    lands inside `Thread.start()` (its wait for the thread to start is interruptible, and under load that
+    wait is long) leaves a thread that beats forever and an interpreter that never exits after printing
+    "interrupted". The thread's own stop event is in its arguments; setting it ends the loop within one beat."""
+    import threading
+
+    from optuna.storages._heartbeat import HeartbeatThread
+
+    n = 0
+    for t in threading.enumerate():
+        if getattr(t, "_target", None) is HeartbeatThread._record_heartbeat and t.is_alive():
+            t._args[2].set()  # (trial_id, heartbeat, stop_event)
+            n += 1
+    return n

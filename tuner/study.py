@@ -24,7 +24,7 @@ from profiler.schema import Profile
 from tuner.errors import TunerError
 from tuner.objective import OBJECTIVES, Evaluator, SimulateEvaluator
 from tuner.space import SearchSpace, space_from_plan
-from tuner.storage import _RetryStale, grace_s, heartbeat_s, storage  # noqa: F401 - the study's storage, re-exported
+from tuner.storage import _RetryStale, grace_s, heartbeat_s, stop_heartbeats, storage  # noqa: F401 - the study's storage, re-exported
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC_ATTR = "dspark_spec"
@@ -328,6 +328,7 @@ def run_worker(db_url: str, name: str, target: int, worker: int = 0, timeout: fl
                 study.optimize(objective, n_trials=1, callbacks=callbacks, catch=())
                 ran += 1
     finally:
+        stop_heartbeats()  # a Ctrl-C inside Optuna's heartbeat start leaves a thread that blocks the exit
         close = getattr(evaluator, "close", None)
         if close is not None:  # a live study's running server stops here, even on Ctrl-C
             close()

@@ -123,3 +123,27 @@ def test_ctrl_c_is_one_line_and_keeps_the_study(tmp_path):
     assert proc.returncode == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert err.strip().splitlines()[-1].startswith("interrupted: study c keeps its")
     assert not (tmp_path / "b").exists()  # no bundle from a study cut short
+
+
+def test_a_heartbeat_left_running_by_an_interrupted_start_is_stopped():
+    """Ctrl-C inside Optuna's HeartbeatThread.start() skips its __exit__: the non-daemon thread would beat
+    forever and the interpreter would hang after printing "interrupted" (seen under load in CI)."""
+    from optuna.storages._heartbeat import HeartbeatThread
+
+    from tuner.storage import stop_heartbeats
+
+    class Beat:
+        beats = 0
+
+        def get_heartbeat_interval(self) -> int:
+            return 60
+
+        def record_heartbeat(self, _trial_id: int) -> None:
+            Beat.beats += 1
+
+    hb = HeartbeatThread(0, Beat())
+    hb.start()  # started, and its context manager never exited
+    assert stop_heartbeats() == 1
+    hb._thread.join(timeout=5)
+    assert not hb._thread.is_alive() and Beat.beats == 1
+    assert stop_heartbeats() == 0
