@@ -7,6 +7,7 @@ commands that need them so that `--help` and light commands start fast.
 from __future__ import annotations
 
 import sys
+from functools import cache
 
 import typer
 
@@ -19,7 +20,10 @@ app = typer.Typer(
 )
 
 
+@cache
 def _register() -> None:
+    """Add every layer's commands to `app`, once per process: `main` is called many times in one process by
+    tests and scripts, and registering again would add every command again (each call slower than the last)."""
     from kb.commands import register as register_kb
 
     register_kb(app)
@@ -79,13 +83,19 @@ def _usage_line(e: BaseException) -> str:
     return f"error: {where}: {msg} (see '{where} --help')"
 
 
+@cache
+def _command():  # -> click.Command
+    """The click command tree of `app`, built once (typer rebuilds it from every signature on each call)."""
+    _register()
+    return typer.main.get_command(app)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; a user error is one line on stderr and exit code 2, never a traceback."""
-    _register()
     user_errors = _user_errors()
     exits, usage, aborts = _click_exceptions()
     try:
-        result = app(args=argv, standalone_mode=False, prog_name="dspark")
+        result = _command()(args=argv, standalone_mode=False, prog_name="dspark")
     except exits as e:
         return int(getattr(e, "exit_code", 0) or 0)
     except usage as e:

@@ -325,6 +325,9 @@ def _print_summary(s: dict[str, Any]) -> None:
         console.print(f"  simulator calibrated on {c['trials']:.0f} trials ({how}residual scale x{c['scale']:.3g}; "
                       f"measured / predicted spread x{c['spread_before']:.2f} -> x{c['spread']:.2f}); later studies "
                       "of this hardware simulate with it")
+        if c.get("at_grid_edge"):
+            console.print(f"  note: {', '.join(c['at_grid_edge'])} at the top of the calibration grid (the machine may "
+                          "be slower still there)", highlight=False)
 
 
 def export(study_name: Annotated[str, typer.Option("--study", help="Study to export.")],

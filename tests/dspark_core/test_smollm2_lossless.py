@@ -17,13 +17,18 @@ SCHEDULERS = ("verify_all", "threshold", "prefix", "async_topk")
 
 
 @pytest.fixture(scope="module")
-def real(folder):  # noqa: ANN201 - (target, tokenizer, base config)
+def real(folder, tmp_path_factory):  # noqa: ANN201 - (target, tokenizer, base config)
     from dspark_core.modeling.checkpoint import load_model
     from dspark_core.modeling.tokenizer import Tokenizer
+    from dspark_core.verification.verify_scheduler import profile_target_sps
 
     target = load_model(folder, "cpu", "fp32")
+    # prefix and async_topk need an SPS table: profiled once here (as the engine would at start), not per test
+    sps = tmp_path_factory.mktemp("sps") / "sps.json"
+    profile_target_sps(target, 2 * (6 + 1), rows=2, affine=True).save(sps)
     base = EngineConfig.model_validate({"device": "cpu", "model": {"path": str(folder), "max_seq_len": 256},
-                                        "spec": {"block_size": 6}, "batch": {"max_requests": 2}})
+                                        "spec": {"block_size": 6, "sps_path": str(sps)},
+                                        "batch": {"max_requests": 2}})
     return target, Tokenizer.load(folder, target.arch.eos_ids), base
 
 

@@ -48,6 +48,7 @@ def test_fit_recovers_a_machine_unlike_the_prior_and_later_studies_use_it(monkey
     got = calibration.fit(spec, trials)
     assert got["efficiency"]["compute"] == 0.05 and got["efficiency"]["overhead_s"] == 2e-3
     assert got["spread"] < got["spread_before"] and abs(got["scale"] - 1) < 0.1
+    assert got["at_grid_edge"] == ["overhead_s"]  # the truth sits on this grid's top: said, not hidden
 
     db = open_db(f"sqlite:///{tmp_path / 'kb.sqlite'}")
     assert calibration.store(db, "s", spec, trials)["efficiency"] is not None

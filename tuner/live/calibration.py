@@ -18,9 +18,9 @@ import numpy as np
 
 MIN_TRIALS = 2  # for the time scale
 MIN_SHAPE_TRIALS = 4  # distinct measured configurations before the efficiencies are refitted
-COMPUTE = np.geomspace(0.02, 8.0, 7)  # compute efficiency (achieved / the profile's peak FLOPs, which a CPU's
+COMPUTE = np.geomspace(0.02, 32.0, 8)  # compute efficiency (achieved / the profile's peak FLOPs, which a CPU's
 # measured matmul can understate)
-OVERHEAD = np.geomspace(2e-5, 2e-2, 6)  # seconds per forward
+OVERHEAD = np.geomspace(2e-5, 0.2, 7)  # seconds per forward (a Python engine on 2 busy cores reaches 10s of ms)
 PER_REQUEST = (0.0, *np.geomspace(5e-5, 5e-3, 4))  # host seconds per running request and engine round
 
 
@@ -87,7 +87,16 @@ def fit(spec, trials: list[Any]) -> dict[str, Any] | None:  # noqa: ANN001 - tun
     spread = math.exp(float(np.std(resid, ddof=1)))
     eff = replace(eff, source=f"calibrated: {len(rows)} live trials on {spec.engine_version or spec.engine}")
     return {"scale": k, "spread": spread, "spread_before": before["spread"], "trials": float(len(rows)),
-            "efficiency": {k2: v for k2, v in asdict(eff).items() if k2 != "kernels"}}
+            "efficiency": {k2: v for k2, v in asdict(eff).items() if k2 != "kernels"},
+            "at_grid_edge": at_edge(eff)}
+
+
+def at_edge(eff) -> list[str]:  # noqa: ANN001 - tuner.perf.Efficiency
+    """The refitted terms that landed on the top of their grid: the true value may lie beyond it, and the
+    calibration then explains less than its spread suggests (said in the summary, not hidden)."""
+    tops = {"compute": (eff.compute, COMPUTE[-1]), "overhead_s": (eff.overhead_s, OVERHEAD[-1]),
+            "round_request_s": (eff.round_request_s, PER_REQUEST[-1])}
+    return [name for name, (v, top) in tops.items() if v >= float(top)]
 
 
 def store(db, study: str, spec, trials: list[Any]) -> dict[str, Any] | None:  # noqa: ANN001 - KB, StudySpec
