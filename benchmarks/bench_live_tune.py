@@ -244,7 +244,9 @@ def table(r: dict, a: argparse.Namespace) -> str:
         return f"{x:,.1f}" if x else "-"
 
     cmd = (f"python benchmarks/bench_live_tune.py --engine {a.engine} --model {a.model}"
-           + (f" --draft {a.draft}" if a.draft else "") + (f" --trials {a.trials}" if a.trials else "") + " --write")
+           + (f" --draft {a.draft}" if a.draft else "") + (f" --trials {a.trials}" if a.trials else "")
+           + (f" --requests {a.requests}" if a.requests != 32 else "") + (f" --h2h {a.h2h}" if a.h2h != 3 else "")
+           + (f" --rounds {a.rounds}" if a.rounds != 1 else "") + " --write")
     lines = [f"### `tune --engine {a.engine}` on {r['model']} ({r['engine']}, this CPU)", "",
              f"`{cmd}`: held-out code prompts, {r['concurrency']} closed-loop clients, {r['requests']} requests of at "
              f"most {r['max_tokens']} tokens per trial, SLOs p99 TTFT <= {r['slo'][0]:g} ms and p99 TPOT <= "
@@ -288,9 +290,12 @@ def table(r: dict, a: argparse.Namespace) -> str:
                       "miss counts as 0):", "", "| configuration | tok/s | median |", "|---|---|---|"]
         for k, v in h["measured"].items():
             lines.append(f"| {show[k]} | {', '.join(fmt(x) for x in v)} | {fmt(h['median'][k])} |")
-        verdict = "at least as good as" if h["ratio"] and h["ratio"] >= 1 else "slower than"
+        noise = max((max(v) - min(v)) / (2 * h["median"][k]) for k, v in h["measured"].items() if h["median"][k])
+        verdict = ("at least as good as" if h["ratio"] >= 1 else "within the noise of" if h["ratio"] >= 1 - noise
+                   else "slower than") if h["ratio"] else "slower than"
         lines += ["", f"**Ours within a third of the grid's starts is {verdict} the grid's best: median ratio "
-                      f"{h['ratio']:.2f}x**" + (f" (second study {h['ratio_2']:.2f}x)." if h.get("ratio_2") else ".")]
+                      f"{h['ratio']:.2f}x**" + (f" (second study {h['ratio_2']:.2f}x)" if h.get("ratio_2") else "")
+                  + f"; one configuration's own repeats span +-{noise:.0%} around their median."]
     rr = r["replay_ratio"]
     lines += ["", f"Exported trial {r['exported_trial']}: {fmt(r['exported_throughput'])} tok/s in the study; its "
                   f"launch script started as shipped: {', '.join(fmt(x) for x in r['replays'])} tok/s, median "
