@@ -12,9 +12,13 @@ limit. This benchmark runs, on the same machine, model, held-out code prompts, c
    and the rest as our trial 0 has it, measured by the same evaluator;
 3. the bundle: the exported launch script itself (vllm.sh or dspark.sh) started and measured `--replays` times.
 
+4. head to head (`--h2h N`): our best trial within a third of the grid's starts and the grid's best point, each
+   measured again N times, arms alternating, a fresh server each time. A search's best is the maximum of noisy
+   draws; measured again side by side, the configurations are compared instead.
+
 Reported: each arm's best SLO-feasible throughput, after how many server starts ours first matched the grid's best
-(the issue asks for at most a third of the grid's starts), wall time, and the bundle's throughput over the best
-trial's (within 10%).
+(the issue asks for at most a third of the grid's starts), the head-to-head medians and ratio (against the spread
+of one configuration's own repeats), wall time, and the bundle's throughput over the best trial's (within 10%).
 
     bash benchmarks/setup_vllm_cpu.sh
     python benchmarks/bench_live_tune.py --engine vllm --model tiny --write
@@ -246,7 +250,8 @@ def table(r: dict, a: argparse.Namespace) -> str:
     cmd = (f"python benchmarks/bench_live_tune.py --engine {a.engine} --model {a.model}"
            + (f" --draft {a.draft}" if a.draft else "") + (f" --trials {a.trials}" if a.trials else "")
            + (f" --requests {a.requests}" if a.requests != 32 else "") + (f" --h2h {a.h2h}" if a.h2h != 3 else "")
-           + (f" --rounds {a.rounds}" if a.rounds != 1 else "") + " --write")
+           + (f" --rounds {a.rounds}" if a.rounds != 1 else "")
+           + (f" --slo-tpot-ms {a.slo_tpot_ms:g}" if a.slo_tpot_ms != 60 else "") + " --write")
     lines = [f"### `tune --engine {a.engine}` on {r['model']} ({r['engine']}, this CPU)", "",
              f"`{cmd}`: held-out code prompts, {r['concurrency']} closed-loop clients, {r['requests']} requests of at "
              f"most {r['max_tokens']} tokens per trial, SLOs p99 TTFT <= {r['slo'][0]:g} ms and p99 TPOT <= "
