@@ -22,8 +22,8 @@ of one configuration's own repeats), wall time, and the bundle's throughput over
 
     bash benchmarks/setup_vllm_cpu.sh
     python benchmarks/bench_live_tune.py --engine vllm --model tiny --write
-    python benchmarks/bench_live_tune.py --engine vllm --model smollm2-135m \
-        --draft ~/.cache/dspark-tune/models/smollm2-135m-draft --write
+    ln -s ~/.cache/dspark-tune/models/smollm2-135m-draft /tmp/smollm2-ar-draft  # vLLM reads "dspark" in a path
+    python benchmarks/bench_live_tune.py --engine vllm --model smollm2-135m --draft /tmp/smollm2-ar-draft --write
     python benchmarks/bench_live_tune.py --engine dspark --model tiny --trials 8 --write
 """
 

@@ -170,14 +170,23 @@ def test_reap_orphans_stops_a_server_whose_tuner_is_gone(state):
 def test_engine_usage_errors_are_one_line(state, tmp_path, capsys):
     import cli
 
+    misread = tmp_path / "dspark-tune" / "models" / "ar-draft"  # where our cache keeps assembled drafts
+    misread.mkdir(parents=True)
+    (misread / "config.json").write_text("{}")
+
     for argv, needle in ((["--engine", "tgi"], "--engine 'tgi'"), (["--engine", "vllm", "--mode", "simulate"],
                                                                   "drop --mode"),
                          (["--engine", "vllm", "--engine-python", str(tmp_path / "nope")], "no such interpreter"),
-                         (["--engine", "vllm", "--draft", str(tmp_path)], "--draft")):
+                         (["--engine", "vllm", "--draft", str(tmp_path)], "--draft"),
+                         (["--engine", "vllm", "--draft", str(misread)], "would run this one as 'dspark'")):
         code = cli.main(["tune", "--model", "tiny", *argv, "--out", str(tmp_path / "b")])
         err = capsys.readouterr().err
         assert code == 2 and "Traceback" not in err and needle in err.strip().splitlines()[-1], err
     assert not (tmp_path / "b").exists()
+    from tuner.live.engines import vllm_draft_misread
+
+    (tmp_path / "ar-draft").symlink_to(misread)  # the advised way out: vLLM reads the path as given
+    assert vllm_draft_misread(str(misread)) == "dspark" and vllm_draft_misread(str(tmp_path / "ar-draft")) is None
 
 
 def test_rate_sweep_scores_the_highest_rate_that_meets_the_slos(state, tmp_path):

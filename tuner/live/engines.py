@@ -217,6 +217,18 @@ class DsparkEngine(LiveEngine):
         return {"DSPARK_PYTHON": found.python}
 
 
+# vLLM chooses the speculative method from the draft model's path before the method it was given
+# (vllm/config/speculative.py, "Automatically detect the method", vLLM 0.32-0.33): a draft_model draft whose path
+# holds one of these is run as that method. (path substring, the method vLLM then runs)
+VLLM_DRAFT_PATH_MARKERS = (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash"), ("dspark", "dspark"))
+
+
+def vllm_draft_misread(path: str) -> str | None:
+    """The method vLLM would run instead of draft_model for a draft at `path` (None: it runs draft_model)."""
+    low = path.lower()
+    return next((method for marker, method in VLLM_DRAFT_PATH_MARKERS if marker in low), None)
+
+
 class VllmEngine(LiveEngine):
     """vLLM's `vllm serve` through vllm.sh (vLLM's CPU build here)."""
 
