@@ -280,22 +280,14 @@ def _live_spec(spec, engine: str, python: Path | None, draft: str | None, reques
                          "model of the target's tokenizer, e.g. dspark_core/assets/tiny/draft")
     if python is not None and not python.exists():
         raise TunerError(f"--engine-python {python}: no such interpreter")
-    if draft is not None and engine == "vllm":
-        from tuner.live.engines import vllm_draft_misread
-
-        marker = vllm_draft_misread(str(Path(draft).absolute()))  # absolute, not resolved: a link is the way out
-        if marker:
-            raise TunerError(f"--draft {Path(draft).absolute()}: vLLM picks its speculative method from the draft's "
-                             f"path and would run this one as '{marker}', not draft_model; link it under a path "
-                             f"without '{marker}' (ln -s {Path(draft).absolute()} /srv/models/ar-draft) and give that")
+    draft_path = str(Path(draft).absolute()) if draft else None  # absolute, not resolved: a link is kept as given
     profile = spec.profile_model()
-    live = ENGINES[engine](profile, _checkpoint(profile), str(python) if python else None,
-                           str(Path(draft).absolute()) if draft else None).locate()
+    live = ENGINES[engine](profile, _checkpoint(profile), str(python) if python else None, draft_path).locate()
     if live.warning and not quiet:
         err_console.print(f"[yellow]warning:[/] {live.warning}", highlight=False, soft_wrap=True)
-    spec = spec.model_copy(update={"engine": engine, "engine_python": live.python, "draft": live and (
-        str(Path(draft).absolute()) if draft else None), "engine_version": f"{live.package} {live.version}",
-        "live_requests": requests, "live_max_tokens": max_tokens, "startup_seconds": startup_s})
+    spec = spec.model_copy(update={"engine": engine, "engine_python": live.python, "draft": draft_path,
+                                   "engine_version": f"{live.package} {live.version}", "live_requests": requests,
+                                   "live_max_tokens": max_tokens, "startup_seconds": startup_s})
     return spec.model_copy(update={"prior": simulated_optimum(spec)})
 
 

@@ -235,6 +235,15 @@ class VllmEngine(LiveEngine):
     name = "vllm"
     reader = "vllm"
 
+    def __init__(self, profile: Profile, checkpoint: Path, python: str | None = None, draft: str | None = None
+                 ) -> None:
+        super().__init__(profile, checkpoint, python, draft)
+        marker = vllm_draft_misread(draft) if draft else None
+        if marker:
+            raise TunerError(f"--draft {draft}: vLLM picks its speculative method from the draft's path and would run "
+                             f"this one as '{marker}', not draft_model; link it under a path without '{marker}' "
+                             f"(ln -s {draft} /srv/models/ar-draft) and give that")
+
     def build(self) -> dict[str, Any]:
         return catalogue()["vllm"]["builds"]["cpu" if self.cpu else "gpu"]
 
