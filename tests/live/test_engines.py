@@ -39,17 +39,24 @@ def _params(profile, **kw):
 FOUND = Found("x", "1", "/usr/bin/python3", "/opt/engine/bin")
 
 
-def test_vllm_cpu_build_runs_ngram_and_draft_model_only():
+def _draft(tmp_path: Path) -> str:
+    """The tiny target's AR draft under a name vLLM runs as draft_model (its repository path holds "dspark")."""
+    link = tmp_path / "ar-draft"
+    link.symlink_to(ASSETS / "draft")
+    return str(link)
+
+
+def test_vllm_cpu_build_runs_ngram_and_draft_model_only(tmp_path):
     profile = _profile("cpu")
     assert "dspark" not in VllmEngine(profile, TINY).narrow()["spec.method"]
     assert VllmEngine(profile, TINY).narrow()["spec.method"] == ["ngram"]  # draft_model needs --draft
-    narrow = VllmEngine(profile, TINY, draft=str(ASSETS / "draft")).narrow()
+    narrow = VllmEngine(profile, TINY, draft=_draft(tmp_path)).narrow()
     assert narrow["spec.method"] == ["ngram", "draft_model"] and narrow["memory.page_size"] == [32]
 
 
 def test_vllm_launch_is_the_bundle_script_and_equal_files_mean_one_server(tmp_path):
     profile = _profile("cpu")
-    eng = VllmEngine(profile, TINY, draft=str(ASSETS / "draft"))
+    eng = VllmEngine(profile, TINY, draft=_draft(tmp_path))
     p = _params(profile, **{"spec.method": "draft_model", "memory.page_size": 32})
     a, b, c = (tmp_path / n for n in "abc")
     for f in (a, b, c):
