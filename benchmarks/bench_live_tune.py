@@ -76,6 +76,11 @@ def run_ours(a: argparse.Namespace, name: str, trials: int, out: Path, extra: li
     return took, json.loads(stdout), rows
 
 
+def grid_point(base: dict, seqs: int, tokens: int) -> dict:
+    """The auto_tune grid's configuration: our trial 0 with speculation off at one max_num_seqs x tokens point."""
+    return {**base, "batch.max_requests": seqs, "batch.max_tokens": tokens, "spec.enabled": False}
+
+
 def best_grid_row(grid_rows: list[dict]) -> dict | None:
     ok = [g for g in grid_rows if g["feasible"]]
     return max(ok, key=lambda g: g["feasible"]) if ok else None
@@ -100,8 +105,7 @@ def head_to_head(ev, spec, arms: dict[str, dict], rounds: int) -> dict[str, list
             ev.stop()
             ev._measured.clear()  # measured again, not read back
             r = ev.evaluate(params, seed=spec.seed)
-            ok = all(v <= 0 for v in slo_constraints(r, spec.slo_tpot_ms, spec.slo_ttft_ms).values())
-            got[name].append(r.metrics.get("throughput", 0.0) if ok else 0.0)
+            got[name].append(_rank(r.metrics, slo_constraints(r, spec.slo_tpot_ms, spec.slo_ttft_ms)) or 0.0)
             print(f"head-to-head {name} #{i + 1}: {got[name][-1]:.1f} tok/s", file=sys.stderr)
     return got
 
@@ -168,8 +172,7 @@ def main() -> None:
     t0 = time.time()
     try:
         for s, tk in grid:
-            p = {**base, "batch.max_requests": s, "batch.max_tokens": tk, "spec.enabled": False}
-            r = ev.evaluate(p, seed=spec.seed)
+            r = ev.evaluate(grid_point(base, s, tk), seed=spec.seed)
             cons = slo_constraints(r, spec.slo_tpot_ms, spec.slo_ttft_ms)
             grid_rows.append({"max_num_seqs": s, "max_num_batched_tokens": tk, "metrics": r.metrics,
                               "feasible": _rank(r.metrics, cons), "why": r.why})
@@ -181,10 +184,8 @@ def main() -> None:
             out = tmp / "bundle-2"
             s2, summary, rows2 = run_ours(a, "ours-2", trials, out, extra)
             top = max(grid_rows, key=lambda g: g["feasible"] or 0)
-            p = {**base, "batch.max_requests": top["max_num_seqs"], "batch.max_tokens": top["max_num_batched_tokens"],
-                 "spec.enabled": False}
             ev._measured.clear()  # measured again, not read back
-            again = ev.evaluate(p, seed=spec.seed)
+            again = ev.evaluate(grid_point(base, top["max_num_seqs"], top["max_num_batched_tokens"]), seed=spec.seed)
             best2 = max((r["feasible"] for r in rows2 if r["feasible"]), default=None)
             ref = min(x for x in (top["feasible"], again.metrics.get("throughput")) if x)
             second = {"ours": rows2, "ours_s": round(s2), "grid_best_again": again.metrics.get("throughput"),
@@ -193,14 +194,13 @@ def main() -> None:
                                                None), "reference": ref}
         h2h = None
         third = max(1, len(grid) // 3)
-        mine = early_best(rows, third)
-        if a.h2h and grid_rows and mine and best_grid_row(grid_rows):
-            top = best_grid_row(grid_rows)
+        mine, top = early_best(rows, third), best_grid_row(grid_rows)
+        if a.h2h and mine and top:
             arms = {"ours": space.params_of(mine["params"]),
-                    "grid": {**base, "batch.max_requests": top["max_num_seqs"],
-                             "batch.max_tokens": top["max_num_batched_tokens"], "spec.enabled": False}}
-            if second and early_best(second["ours"], third):
-                arms["ours-2"] = space.params_of(early_best(second["ours"], third)["params"])
+                    "grid": grid_point(base, top["max_num_seqs"], top["max_num_batched_tokens"])}
+            mine_2 = early_best(second["ours"], third) if second else None
+            if mine_2:
+                arms["ours-2"] = space.params_of(mine_2["params"])
             got = head_to_head(ev, spec, arms, a.h2h)
             med = {k: statistics.median(v) for k, v in got.items()}
             h2h = {"within_starts": third, "ours_trial": mine["trial"], "grid_point": [top["max_num_seqs"],
