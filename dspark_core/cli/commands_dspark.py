@@ -129,6 +129,10 @@ def train_drafter_cmd(
     greedy_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of greedy continuations.")] = 0.5,
     temperature: Annotated[float, typer.Option(min=0.0, help="Temperature of the sampled continuations.")] = 0.8,
     seed: Annotated[int, typer.Option(help="Seed for data, init and anchors.")] = 0,
+    prompt_anchors: Annotated[bool, typer.Option(help="Anchor blocks inside the prompts too (the target's "
+                                                 "distribution is cached there: more data per target pass).")] = False,
+    kl: Annotated[float, typer.Option(min=0.0, help="Weight of a forward-KL term to the target's top-K beside the "
+                                      "paper's CE / TV / BCE loss (0 = the paper's loss).")] = 0.0,
     mask_token_id: Annotated[int | None, typer.Option(help="Token the mask slots embed (SGLang / vLLM read it from "
                                                       "the drafter's config; default: the tokenizer's mask token, "
                                                       "else its end-of-text token).")] = None,
@@ -153,6 +157,7 @@ def train_drafter_cmd(
     from dspark_core.training.train import (
         DATA_FILE,
         STATE_FILE,
+        LossWeights,
         TrainConfig,
         cache_target,
         evaluate_acceptance,
@@ -176,7 +181,8 @@ def train_drafter_cmd(
     mask = mask_token_id if mask_token_id is not None else default_mask_token(target)
     cfg = TrainConfig(head=head, block_size=block_size, num_layers=layers, markov_rank=rank, steps=steps,
                       batch_seqs=batch_seqs, anchors_per_seq=anchors, lr=lr, seed=seed, mask_token_id=mask,
-                      intermediate_size=intermediate_size)
+                      intermediate_size=intermediate_size, prompt_anchors=prompt_anchors,
+                      loss=LossWeights(kl=kl))
     state_file = work / STATE_FILE
     if state_file.is_file():
         prev = torch.load(state_file, weights_only=False).get("config", {})
@@ -224,9 +230,14 @@ def train_drafter_cmd(
     done = int(torch.load(state_file, weights_only=False)["step"]) if state_file.is_file() else steps
     result = {"out": str(folder), "head": head, "steps": done, "params": params,
               "final_loss": ema.get("loss"), "heldout_position_acceptance": [round(a, 4) for a in acc]}
-    _emit(result, as_json, [f"drafter ({head}, {params / 1e6:.2f} M params) -> {folder}",
-                            "held-out teacher-forced acceptance per position: "
-                            + " ".join(f"{a:.2f}" for a in acc)])
+    stale = [name for name in ("sts.json", "acceptance.json") if (folder / name).is_file()]
+    result["stale"] = [str(folder / name) for name in stale]
+    lines = [f"drafter ({head}, {params / 1e6:.2f} M params) -> {folder}",
+             "held-out teacher-forced acceptance per position: " + " ".join(f"{a:.2f}" for a in acc)]
+    if stale:  # measured on the weights just replaced: the engine would read them as this drafter's
+        lines.append(f"note: {' and '.join(stale)} in {folder} describe the previous weights; rerun `calibrate` "
+                     "(and `bench --record-acceptance`) before deploying this drafter")
+    _emit(result, as_json, lines)
 
 
 def calibrate_cmd(

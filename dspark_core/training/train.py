@@ -45,6 +45,8 @@ class LossWeights:
     ce: float = 0.1  # cross-entropy to the ground-truth token
     tv: float = 0.9  # L1 distance between draft and target distributions
     conf: float = 1.0  # BCE of the confidence head against 1 - TV
+    kl: float = 0.0  # forward KL(p_t || p_d) over the target's top-K; not in the paper (0 = its loss), it pulls a
+    # far-off draft towards the target faster than TV, whose gradient vanishes while p_d is spread thin
 
 
 @dataclass
@@ -66,6 +68,8 @@ class TrainConfig:
     weight_decay: float = 0.01  # AdamW weight decay
     seed: int = 0  # everything random derives from this
     checkpoint_every: int = 100  # steps between resumable checkpoints
+    prompt_anchors: bool = False  # anchors inside the prompt too: the target's p_t is known there, so the prompt
+    # text is more distillation data for free (the paper anchors in target-generated text only)
     loss: LossWeights = field(default_factory=LossWeights)  # loss term weights
 
 
@@ -147,12 +151,16 @@ def drafter_loss(model: DSparkDraftModel, tokens: torch.Tensor, target_logits: t
         ids = top[1].long().gather(1, idx.reshape(n, -1, 1).expand(-1, -1, kk)).view(n, a, g, kk)
         pd_top = logp_d.gather(-1, ids).exp()
         l1 = (pd_top - vals).abs().sum(-1) + (1.0 - pd_top.sum(-1)).clamp(min=0.0)
+        kl = (vals * (vals.clamp(min=1e-8).log() - logp_d.gather(-1, ids))).sum(-1)
+    if top is None:
+        kl = (p_t * (p_t.clamp(min=1e-8).log() - logp_d)).sum(-1)
     ce = -logp_d.gather(-1, truth[..., None]).squeeze(-1)
     label = (1.0 - 0.5 * l1).detach().clamp(0.0, 1.0)
     bce = F.binary_cross_entropy_with_logits(conf.float(), label, reduction="none")
     w = position_weights(g).to(logits.device)
-    terms = {name: (t * w).sum(-1).mean() for name, t in (("ce", ce), ("tv", l1), ("conf", bce))}
-    loss = weights.ce * terms["ce"] + weights.tv * terms["tv"] + weights.conf * terms["conf"]
+    terms = {name: (t * w).sum(-1).mean() for name, t in (("ce", ce), ("tv", l1), ("conf", bce), ("kl", kl))}
+    loss = (weights.ce * terms["ce"] + weights.tv * terms["tv"] + weights.conf * terms["conf"]
+            + weights.kl * terms["kl"])
     stats = {k: float(t.detach()) for k, t in terms.items()}
     stats["accept"] = float((1.0 - 0.5 * l1.detach()).mean())  # mean per-position acceptance 1 - TV (teacher-forced)
     return loss, stats
@@ -221,7 +229,7 @@ def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Pat
         gen.set_state(state["generator"])
     g = cfg.block_size
     n_seq, t = data.tokens.shape
-    lo, hi = max(1, data.prompt_len - 1), t - 1 - g
+    lo, hi = 1 if cfg.prompt_anchors else max(1, data.prompt_len - 1), t - 1 - g
     if hi < lo:
         raise ValueError(f"sequences of {t} tokens are too short for blocks of {g} after a {data.prompt_len}-token "
                          "prompt; generate longer continuations")

@@ -67,6 +67,42 @@ def test_loss_terms_and_perfect_match(target, data) -> None:
     assert float(loss.detach()) == pytest.approx(expect, rel=1e-5)
 
 
+def test_kl_term_is_the_forward_kl_to_the_target(target, data) -> None:
+    model = build_model(_cfg(), target)
+    tokens = data.tokens[:4]
+    t_logits, hidden = target.forward_full(tokens, hidden_layers=(0, 1))
+    anchors = torch.tensor([[5, 9], [6, 12], [20, 27], [5, 5]])
+    paper, stats = drafter_loss(model, tokens, t_logits, hidden, anchors, LossWeights())
+    both, stats_kl = drafter_loss(model, tokens, t_logits, hidden, anchors, LossWeights(kl=2.0))
+    assert stats_kl["kl"] == pytest.approx(stats["kl"]) and stats["kl"] > 0
+    assert float(both.detach()) == pytest.approx(float(paper.detach()) + 2.0 * stats["kl"], rel=1e-5)
+    # by hand at one block: sum_k w_k KL(p_t,k || p_d,k) with p_t the target at the draft positions
+    g = model.cfg.block_size
+    one = torch.tensor([[5]])
+    _, s1 = drafter_loss(model, tokens[:1], t_logits[:1], hidden[:1], one, LossWeights())
+    block = model.forward_packed(tokens[:1], hidden[:1], one)
+    logits, _ = model.teacher_forced(block, tokens[:1, 5:5 + g][None])
+    p_t = torch.softmax(t_logits[0, 5:5 + g].float(), -1)
+    kl = (p_t * (p_t.log() - torch.log_softmax(logits[0, 0].float(), -1))).sum(-1)
+    assert s1["kl"] == pytest.approx(float((kl * position_weights(g)).sum().detach()), rel=1e-4)
+
+
+def test_prompt_anchors_reach_into_the_prompt(target, data, tmp_path, monkeypatch) -> None:
+    import dspark_core.training.train as train_mod
+
+    seen: list[tuple[int, int]] = []
+    real = train_mod.sample_anchors
+
+    def spy(n: int, a: int, lo: int, hi: int, gen: torch.Generator) -> torch.Tensor:
+        seen.append((lo, hi))
+        return real(n, a, lo, hi, gen)
+
+    monkeypatch.setattr(train_mod, "sample_anchors", spy)
+    train_drafter(target, data, _cfg(steps=1), tmp_path / "gen")
+    train_drafter(target, data, _cfg(steps=1, prompt_anchors=True), tmp_path / "all")
+    assert seen == [(5, 32 - 1 - 4), (1, 32 - 1 - 4)]
+
+
 def test_cached_top_k_target_matches_the_dense_loss(target, data) -> None:
     model = build_model(_cfg(), target)
     cached = cache_target(target, TrainData(tokens=data.tokens[:4], prompt_len=6), (0, 1), k=40)  # K = V

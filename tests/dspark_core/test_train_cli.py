@@ -63,6 +63,11 @@ def test_train_then_calibrate(target_dir, tmp_path) -> None:
     assert res.exit_code == 0, res.output
     cal = StsCalibration.load(out / "sts.json")
     assert cal.gamma == 4 and cal.num_samples == 32 and len(cal.ece_after) == 4
+    assert report["stale"] == []
+    # retraining over a calibrated drafter says its calibration now belongs to the old weights
+    res = runner.invoke(_app(), [*args[:-1], "--fresh", "--prompt-anchors", "--kl", "1.0"])
+    assert res.exit_code == 0, res.output
+    assert "previous weights; rerun `calibrate`" in " ".join(res.stdout.split())
 
 
 def test_bad_options_are_user_errors(target_dir, tmp_path) -> None:
