@@ -145,6 +145,7 @@ def drafter_loss(model: DSparkDraftModel, tokens: torch.Tensor, target_logits: t
         p_t = torch.softmax(target_logits.float(), dim=-1).gather(
             1, idx.reshape(n, -1, 1).expand(-1, -1, v)).view(n, a, g, v)  # target at the same positions
         l1 = (logp_d.exp() - p_t).abs().sum(-1)  # [N, A, G]
+        kl = (p_t * (p_t.clamp(min=1e-8).log() - logp_d)).sum(-1)
     else:  # p_t = 0 outside its top-K: |p_d - p_t| summed there is the draft mass left over
         kk = top[0].shape[-1]
         vals = top[0].float().gather(1, idx.reshape(n, -1, 1).expand(-1, -1, kk)).view(n, a, g, kk)
@@ -152,8 +153,6 @@ def drafter_loss(model: DSparkDraftModel, tokens: torch.Tensor, target_logits: t
         pd_top = logp_d.gather(-1, ids).exp()
         l1 = (pd_top - vals).abs().sum(-1) + (1.0 - pd_top.sum(-1)).clamp(min=0.0)
         kl = (vals * (vals.clamp(min=1e-8).log() - logp_d.gather(-1, ids))).sum(-1)
-    if top is None:
-        kl = (p_t * (p_t.clamp(min=1e-8).log() - logp_d)).sum(-1)
     ce = -logp_d.gather(-1, truth[..., None]).squeeze(-1)
     label = (1.0 - 0.5 * l1).detach().clamp(0.0, 1.0)
     bce = F.binary_cross_entropy_with_logits(conf.float(), label, reduction="none")
