@@ -186,10 +186,15 @@ def train_drafter_cmd(
     state_file = work / STATE_FILE
     if state_file.is_file():
         prev = torch.load(state_file, weights_only=False).get("config", {})
-        keys = ("head", "block_size", "num_layers", "markov_rank", "mask_token_id", "intermediate_size")
-        if any(prev.get(k) != getattr(cfg, k) for k in keys):
-            raise DSparkError(f"{state_file} is from a different drafter ({ {k: prev.get(k) for k in keys} }); "
-                              "pass --fresh or another --out")
+        # what makes a different drafter or a different objective; a state written before a key existed had its default
+        now = dict(head=cfg.head, block_size=cfg.block_size, num_layers=cfg.num_layers, markov_rank=cfg.markov_rank,
+                   mask_token_id=cfg.mask_token_id, intermediate_size=cfg.intermediate_size,
+                   prompt_anchors=cfg.prompt_anchors, kl=cfg.loss.kl)
+        was = {k: prev.get(k, False) for k in now if k != "kl"} | {"kl": prev.get("loss", {}).get("kl", 0.0)}
+        if was != now:
+            diff = ", ".join(f"{k} {was[k]} (now {now[k]})" for k in now if was[k] != now[k])
+            raise DSparkError(f"{state_file} was trained with other settings: {diff}; rerun with those, "
+                              "or pass --fresh or another --state-dir")
     tgt = _load_target(target, device, dtype)
     data_file = root / DATA_FILE  # shared by the heads: one generation and one pass of the target for all
     layers = tuple(DraftConfig.for_target(tgt.arch).target_layers)

@@ -68,6 +68,10 @@ def test_train_then_calibrate(target_dir, tmp_path) -> None:
     res = runner.invoke(_app(), [*args[:-1], "--fresh", "--prompt-anchors", "--kl", "1.0"])
     assert res.exit_code == 0, res.output
     assert "previous weights; rerun `calibrate`" in " ".join(res.stdout.split())
+    # resuming that state under the paper's loss would mix two objectives in one schedule: refused, naming both
+    res = runner.invoke(_app(), args)
+    assert isinstance(res.exception, DSparkError)
+    assert "prompt_anchors True (now False), kl 1.0 (now 0.0)" in str(res.exception)
 
 
 def test_bad_options_are_user_errors(target_dir, tmp_path) -> None:
