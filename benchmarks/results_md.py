@@ -16,8 +16,10 @@ from dspark_core.atomic import atomic_write_text  # noqa: E402
 def bench_table(result: dict) -> str:
     """Markdown table of `python cli.py bench --json` output."""
     ident = any("identical_share" in m for m in result["methods"])
-    head = "| method | tokens/s | speedup vs plain | tau | per-position acceptance | lossless |"
-    rule = "|---|---:|---:|---:|---|---|"
+    decode = any(m.get("decode_speedup") for m in result["methods"])
+    head = "| method | tokens/s | speedup vs plain |" + (" decode speedup (prefill left out) |" if decode else "")
+    head += " tau | per-position acceptance | lossless |"
+    rule = "|---|---:|---:|" + ("---:|" if decode else "") + "---:|---|---|"
     if ident:
         head += " identical to plain | first divergence: prompt, token, target top-2 margin |"
         rule += "---:|---|"
@@ -26,7 +28,10 @@ def bench_table(result: dict) -> str:
         acc = " ".join(f"{x:.2f}" for x in m["position_acceptance"]) or "-"
         tau = f"{m['tau']:.2f}" if m["tau"] else "-"
         loss = {True: "yes", False: "no", None: "-"}[m["lossless"]]
-        row = f"| {m['name']} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {tau} | {acc} | {loss} |"
+        row = f"| {m['name']} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x |"
+        if decode:
+            row += f" {m['decode_speedup']:.2f}x |" if m.get("decode_speedup") else " - |"
+        row += f" {tau} | {acc} | {loss} |"
         if ident:
             share, div = m.get("identical_share"), m.get("first_divergence")
             row += f" {share:.0%} |" if share is not None else " - |"

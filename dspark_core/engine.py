@@ -326,6 +326,7 @@ class Engine:
         """One speculative round for every running request; returns the tokens each committed."""
         block = self.config.spec.block_size if self.drafter else 0
         if self.gamma_cap is not None:
+        t_round = time.perf_counter()
             block = min(block, self.gamma_cap)
         reqs = []
         for r in running:
@@ -377,6 +378,7 @@ class Engine:
 
     @staticmethod
     def _verdicts(out, inp: torch.Tensor, nv: list[int], running: list[_Request],
+        stats.decode_s += time.perf_counter() - t_round
                   prop: Proposal) -> list[tuple[int, int]]:
         """(accepted drafts, next token) per row: batched greedy matching when every row is greedy, else row by
         row (greedy rows by argmax, sampled rows by rejection sampling)."""

@@ -26,6 +26,7 @@ class GenStats:
     cut: int = 0  # requests stopped unfinished by generate()'s time limit
     draft_s: float = 0.0  # host wall time in the drafter (propose + scheduler), decode steps only
     verify_s: float = 0.0  # host wall time of the target's verify forwards and their verdicts
+    decode_s: float = 0.0  # wall time of the decode rounds (everything but admission and prefill)
 
     def record(self, verified: int, accepted: int, committed: int, proposed: int) -> None:
         """Account one request's round."""
@@ -50,6 +51,11 @@ class GenStats:
         return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
 
     @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens committed by decode rounds per second of decode rounds: the speed with prefill left out."""
+        return self.round_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
     def tau(self) -> float:
         """Accepted tokens per round including the target's own token (1.0 for plain decoding)."""
         return self.round_tokens / self.rounds if self.rounds else 0.0
@@ -72,6 +78,7 @@ class GenStats:
             "generated_tokens": self.generated_tokens,
             "seconds": round(self.seconds, 4),
             "tokens_per_s": round(self.tokens_per_s, 2),
+            "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
             "tau": round(self.tau, 4),
             "position_acceptance": [round(x, 4) for x in self.position_acceptance],
             "verify_tokens_per_step": round(self.verify_tokens_per_step, 3),

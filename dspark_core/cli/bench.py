@@ -26,7 +26,7 @@ BASE_METHODS = ("plain", "hf_assisted", "ar_draft", "ngram")  # the part-1 metho
 HF_METHODS = ("hf_assisted", "hf_prompt_lookup")  # transformers' generate: assisted with the AR draft / prompt lookup
 HF_PROMPT_LOOKUP_TOKENS = 10  # prompt_lookup_num_tokens: the value transformers' documentation suggests
 HEADS = {"dflash": "none", "dspark_markov": "markov", "dspark_rnn": "rnn"}  # DSpark method -> spec.head
-SCHEDULERS = ("verify_all", "threshold", "prefix", "async_topk")  # valid `/scheduler` suffixes
+SCHEDULERS = ("verify_all", "threshold", "prefix", "async_topk", "learned")  # valid `/scheduler` suffixes
 
 
 def method_params(name: str, config: EngineConfig) -> dict[str, Any]:
@@ -146,6 +146,8 @@ class Row:
     name: str  # method name
     seconds: float = 0.0  # timed wall seconds over all repeats
     tokens: int = 0  # generated tokens over all repeats
+    decode_s: float = 0.0  # decode-round seconds over all repeats (engine methods; 0 for the HF ones)
+    round_tokens: int = 0  # tokens those rounds committed
     stats: GenStats | None = None  # stats of the first repeat (tau, acceptance: deterministic under greedy)
     outputs: list[list[int]] = field(default_factory=list)  # outputs of the first repeat
 
@@ -153,6 +155,11 @@ class Row:
     def tokens_per_s(self) -> float:
         """Generated tokens per timed second."""
         return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens per second of decode rounds, prefill left out (None where the method has no rounds: HF's)."""
+        return self.round_tokens / self.decode_s if self.decode_s else None
 
 
 @dataclass
@@ -211,6 +218,8 @@ def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> l
             row = rows[m.name]
             row.seconds += stats.seconds
             row.tokens += stats.generated_tokens
+            row.decode_s += stats.decode_s
+            row.round_tokens += stats.round_tokens
             if row.stats is None:
                 row.stats, row.outputs = stats, outs
             if progress:
@@ -241,6 +250,9 @@ def report(spec: BenchSpec, rows: list[Row], device: str, target: LeanModel | No
             "name": r.name,
             "tokens_per_s": round(r.tokens_per_s, 2),
             "speedup": round(r.tokens_per_s / plain.tokens_per_s, 3) if plain and plain.tokens_per_s else None,
+            "decode_tokens_per_s": round(r.decode_tokens_per_s, 2) if r.decode_tokens_per_s else None,
+            "decode_speedup": round(r.decode_tokens_per_s / plain.decode_tokens_per_s, 3)
+            if plain and r.decode_tokens_per_s and plain.decode_tokens_per_s else None,
             "tau": round(st.tau, 4) if speculative and st else (1.0 if r.name == "plain" else None),
             "position_acceptance": [round(x, 4) for x in st.position_acceptance] if speculative and st else [],
             "lossless": lossless,
