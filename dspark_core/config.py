@@ -47,7 +47,7 @@ class SpecSection(_Section):
     enabled: bool = True  # speculative decoding on (false = plain decoding)
     block_size: int = Field(7, ge=1, le=16)  # gamma: draft tokens proposed per round
     head: Literal["none", "markov", "rnn"] = "markov"  # sequential head on the parallel backbone
-    scheduler: Literal["verify_all", "threshold", "prefix", "async_topk"] = "verify_all"  # verify length
+    scheduler: Literal["verify_all", "threshold", "prefix", "async_topk", "learned"] = "verify_all"  # verify length
     confidence_threshold: float = Field(0.5, ge=0.0, le=1.0)  # threshold scheduler: min prefix survival
     max_verify_tokens: int = Field(16, ge=1, le=16)  # cap on verified draft tokens per request and round
     fallback_acceptance: float = Field(0.0, ge=0.0, le=1.0)  # rolling acceptance floor for plain fallback
@@ -55,6 +55,8 @@ class SpecSection(_Section):
     align_verify_to_graph: bool = False  # pad verify lengths up to the CUDA-graph token bucket
     sps_path: str | None = None  # SGLang SpsCostTable JSON (prefix scheduler); None = profile at start
     sts_path: str | None = None  # SGLang DSparkStsCalibration JSON (confidence temperatures)
+    policy_path: str | None = None  # learned scheduler's policy JSON (`train-policy`); required by scheduler=learned
+    round_log: str | None = None  # JSONL file each speculative round is appended to (`train-policy` reads it)
 
 
 class BatchSection(_Section):
@@ -216,7 +218,7 @@ def load_config(path: str | os.PathLike[str]) -> EngineConfig:
     drafter = config.drafter.path
     if drafter and not Path(drafter).is_absolute() and (p.parent / drafter).is_dir():
         config.drafter.path = str(p.parent / drafter)
-    for section, key in (("spec", "sps_path"), ("spec", "sts_path"), (None, "kernel_file")):
+    for section, key in (("spec", "sps_path"), ("spec", "sts_path"), ("spec", "policy_path"), (None, "kernel_file")):
         owner = getattr(config, section) if section else config
         value = getattr(owner, key)
         if value and not Path(value).is_absolute():

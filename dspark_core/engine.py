@@ -108,6 +108,8 @@ class Engine:
             drafter = build_drafter(c.drafter.method, c, self.target)
         self.drafter = drafter
         self.scheduler = scheduler if scheduler is not None else build_scheduler(c, self.target)
+        if hasattr(drafter, "want_entropy"):  # a feature of the learned scheduler and of the round log
+            drafter.want_entropy = c.spec.scheduler == "learned" or c.spec.round_log is not None  # type: ignore[union-attr]
         _install_kernel_configs(c, self.target.device)
         self.cache = self.target.new_cache(c.batch.max_requests, c.model.max_seq_len, dtype=kv_dtype(c, self.target))
         self.stats = GenStats(method=self.drafter.name if self.drafter else "plain")  # since the last reset_stats
@@ -324,9 +326,9 @@ class Engine:
 
     def _round(self, running: list[_Request]) -> list[list[int]]:
         """One speculative round for every running request; returns the tokens each committed."""
+        t_round = time.perf_counter()
         block = self.config.spec.block_size if self.drafter else 0
         if self.gamma_cap is not None:
-        t_round = time.perf_counter()
             block = min(block, self.gamma_cap)
         reqs = []
         for r in running:
@@ -337,6 +339,8 @@ class Engine:
         b = len(reqs)
         t0 = time.perf_counter()
         if self.drafter and any(q.gamma for q in reqs):
+            if hasattr(self.scheduler, "waiting"):  # load feature of the learned scheduler and the round log
+                self.scheduler.waiting = len(self._waiting)
             prop = self.drafter.propose(reqs)
             chosen = self.scheduler.choose(reqs, prop)
         else:
@@ -374,11 +378,11 @@ class Engine:
         if self.drafter:
             self.drafter.update(results)
         self.scheduler.observe(results)
+        stats.decode_s += time.perf_counter() - t_round
         return committed
 
     @staticmethod
     def _verdicts(out, inp: torch.Tensor, nv: list[int], running: list[_Request],
-        stats.decode_s += time.perf_counter() - t_round
                   prop: Proposal) -> list[tuple[int, int]]:
         """(accepted drafts, next token) per row: batched greedy matching when every row is greedy, else row by
         row (greedy rows by argmax, sampled rows by rejection sampling)."""
@@ -424,7 +428,8 @@ def build_scheduler(config: EngineConfig, target: LeanModel) -> VerifyScheduler:
     """Plain `verify_all` when nothing regulates the verify length; else the engine scheduler of
     `dspark_core.verification.verify_scheduler` (confidence ranking, adaptive gamma, the plain-decoding fallback)."""
     spec = config.spec
-    if spec.scheduler == "verify_all" and not spec.adaptive_gamma and spec.fallback_acceptance == 0.0:
+    if spec.scheduler == "verify_all" and not spec.adaptive_gamma and spec.fallback_acceptance == 0.0 \
+            and spec.round_log is None:
         return VerifyAll()  # nothing to regulate: every request drafts and verifies the full block
     from dspark_core.verification.verify_scheduler import build_verify_scheduler
 

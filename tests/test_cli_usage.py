@@ -62,6 +62,7 @@ CASES = [  # the issue's findings, each once: argv, words the line must hold
     (["export"], ["--study"]),
     (["bench", "--max-new-tokens", "0"], ["--max-new-tokens"]),
     (["rules", "search", "fp8", "hopper"], ["hopper"]),
+    (["train-policy", "no-such-log.jsonl"], ["round log no-such-log.jsonl not found"]),
     (["no-such-command"], ["no-such-command"]),
     (["--no-such-option"], ["--no-such-option"]),
 ]

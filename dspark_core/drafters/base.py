@@ -69,6 +69,7 @@ class Proposal:
     num: list[int]  # [B] drafted tokens per request (<= requests[b].gamma)
     probs: torch.Tensor | None = None  # [B, G, V] float: q the tokens were sampled from; None = point mass
     confidence: torch.Tensor | None = None  # [B, G] float in (0, 1): P(token k survives | prefix did)
+    entropy: torch.Tensor | None = None  # [B, G] float: entropy (nats) of the draft distribution at position k
 
 
 @dataclass

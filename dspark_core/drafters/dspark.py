@@ -137,6 +137,7 @@ class DraftOut:
     tokens: torch.Tensor  # [B, G] long: drafted tokens
     probs: torch.Tensor | None  # [B, G, V] float32 (CPU): q each token was drawn from; None = all greedy
     confidence_logits: torch.Tensor  # [B, G] raw confidence logits (before STS)
+    entropy: torch.Tensor | None = None  # [B, G] entropy (nats) of the distribution each position drew from
 
 
 @dataclass
@@ -277,12 +278,15 @@ class DSparkDraftModel(nn.Module):
 
     @torch.no_grad()
     def draft(self, block: BlockOut, anchors: torch.Tensor, sampling: list[SamplingParams],
-              generators: list[torch.Generator | None] | None = None, g: int | None = None) -> DraftOut:
+              generators: list[torch.Generator | None] | None = None, g: int | None = None,
+              entropy: bool = False) -> DraftOut:
         """Left-to-right sampling of the block with the sequential bias (inference).
 
         block: U [B, G', V], h [B, G', H] from one backbone forward; anchors [B] long; sampling[b] the
         request's transform (greedy = argmax); g <= G' positions to draft. Position k samples from
         sampling_probs(U_k + B_k(x_{k-1}, state)) and the confidence head sees h_k and W1[x_{k-1}].
+        `entropy`: also return the entropy of softmax(U_k + B_k) per position (the learned scheduler's feature;
+        like the confidence, it is known before x_k is drawn).
         """
         b = anchors.shape[0]
         g = block.base_logits.shape[1] if g is None else g
@@ -292,12 +296,16 @@ class DSparkDraftModel(nn.Module):
         probs = None if all(greedy) else torch.zeros(b, g, block.base_logits.shape[-1])
         prev, state = anchors, self.head.init_state(b, block.hidden)
         embedded = []  # W1[x_{k-1}] per position: the confidence head runs once on all of them below
+        ent = torch.zeros(b, g) if entropy else None
         for k in range(g):
             h = block.hidden[:, k]
             bias, state, e = self.head.step(prev, h, state)
             embedded.append(e)
             logits = block.base_logits[:, k] + (bias.float() if bias is not None else 0.0)  # [B, V]
             nxt = logits.argmax(-1)
+            if ent is not None:
+                logp = logits.float().log_softmax(-1)
+                ent[:, k] = -(logp.exp() * logp).sum(-1).cpu()
             for i in range(b if probs is not None else 0):  # any sampled row (all-greedy: argmax is it)
                 if greedy[i]:
                     if probs is not None:
@@ -310,4 +318,4 @@ class DSparkDraftModel(nn.Module):
             tokens[:, k] = nxt
             prev = nxt
         conf = self.confidence(block.hidden[:, :g], torch.stack(embedded, dim=1)).float()  # [B, g]
-        return DraftOut(tokens=tokens, probs=probs, confidence_logits=conf)
+        return DraftOut(tokens=tokens, probs=probs, confidence_logits=conf, entropy=ent)

@@ -39,6 +39,7 @@ class DSparkDrafter(Drafter):
         self.name = METHOD_NAMES[model.cfg.head]
         self.hidden_layers = tuple(model.cfg.target_layers)
         self.sts = sts
+        self.want_entropy = False  # the learned scheduler (or a round log) asks for per-position draft entropies
         self.kbuf: list[torch.Tensor] = []  # per draft layer [slots, capacity, nkv, hd]: context keys
         self.vbuf: list[torch.Tensor] = []  # per draft layer [slots, capacity, nkv, hd]: context values
         self.lens: dict[int, int] = {}  # slot -> context positions held (all committed tokens but the anchor)
@@ -126,14 +127,18 @@ class DSparkDrafter(Drafter):
         g_run = max(self.model.cfg.block_size, g)
         block = self.model.forward_blocks(anchors, torch.tensor(lens, device=dev), ctx, valid, g_run, keep=g)
         out = self.model.draft(block, anchors, [requests[i].sampling for i in rows],
-                               [requests[i].generator for i in rows], g=g)
+                               [requests[i].generator for i in rows], g=g, entropy=self.want_entropy)
         tokens[rows] = out.tokens.cpu()
         conf[rows] = self._calibrated(out.confidence_logits.float()).cpu()
         probs = None
         if out.probs is not None:
             probs = torch.zeros(b, g, out.probs.shape[-1])
             probs[rows] = out.probs
-        return Proposal(tokens=tokens, num=[r.gamma for r in requests], probs=probs, confidence=conf)
+        ent = None
+        if out.entropy is not None:
+            ent = torch.zeros(b, g)
+            ent[rows] = out.entropy
+        return Proposal(tokens=tokens, num=[r.gamma for r in requests], probs=probs, confidence=conf, entropy=ent)
 
     @torch.inference_mode()
     def update(self, results: list[RoundResult]) -> None:

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dspark_core.errors import DSparkError
+from dspark_core.verification.learned import LearnedScheduler, PolicyFile, RoundContext
 from dspark_core.verification.regulator import GammaRegulator, RegulatorConfig
+from dspark_core.verification.round_log import RoundLog, RoundRecord
 from dspark_core.verification.schedulers import Scheduler, make_scheduler
 from dspark_core.verification.sps import SpsTable, default_probes, profile_sps
 
@@ -22,18 +26,30 @@ if TYPE_CHECKING:
     from dspark_core.modeling.model import LeanModel
 
 
+PRIOR_ACCEPT = 0.5  # a new request's per-position acceptance before its first round
+ACCEPT_EMA = 0.3  # weight of the newest round in the rolling acceptance
+
+
 @dataclass
 class EngineScheduler:
     """VerifyScheduler over a policy from schedulers.py plus the regulator."""
 
-    policy: Scheduler  # verify_all | threshold | prefix | async_topk
+    policy: Scheduler  # verify_all | threshold | prefix | async_topk | learned
     regulator: GammaRegulator  # per-request block length and plain-decoding fallback
     max_verify: int = 16  # spec.max_verify_tokens
     name: str = ""  # scheduler name in stats (defaults to the policy's)
     learn_overhead: bool = True  # estimate the per-round cost beyond the target step online
     ema: float = 0.2  # weight of the newest round in the overhead estimate
+    log: RoundLog | None = None  # spec.round_log: every round's features and outcome, for train-policy
+    waiting: int = 0  # requests queued behind the running ones (the engine sets it before each round)
     _round_start: float | None = field(default=None, repr=False)  # first gamma() call of the current round
     _batch: int | None = field(default=None, repr=False)  # verify tokens chosen this round
+    _seen: dict | None = field(default=None, repr=False)  # what choose() saw, for the round log
+    # per slot: rolling (accepted, trials) with trials = min(verified, accepted + 1), the positions whose outcome was
+    # seen. Their ratio estimates the per-position acceptance whatever the verify lengths were (the regulator's
+    # accepted / verified is not: it rises when fewer tokens are verified), so a policy trained on verify_all logs
+    # sees the same feature when it runs
+    acceptance: dict[int, tuple[float, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.name = self.name or self.policy.name
@@ -62,14 +78,34 @@ class EngineScheduler:
             return nums
         conf = proposal.confidence.detach().float().cpu().tolist()
         rows = [row[:n] for row, n in zip(conf, nums, strict=True)]
+        ent = proposal.entropy.tolist() if proposal.entropy is not None else [[] for _ in rows]
+        ent = [row[:n] for row, n in zip(ent, nums, strict=True)]
+        recent = [self.acceptance.get(r.slot, (PRIOR_ACCEPT, 1.0)) for r in requests]
+        recent = [hits / trials for hits, trials in recent]
+        if isinstance(self.policy, LearnedScheduler):
+            self.policy.context = RoundContext(recent_acceptance=recent, entropy=ent)
         lengths = self.policy.schedule(rows)
         self._batch = sum(lengths) + len(rows)  # ragged verify batch in tokens
+        if self.log is not None:
+            self._seen = dict(running=len(rows), waiting=self.waiting, confidence=rows, entropy=ent,
+                              recent_acceptance=recent, verified=list(lengths), batch_tokens=self._batch)
         return lengths
 
     def observe(self, results: list[RoundResult]) -> None:
-        self._observe_round_time(time.perf_counter())
+        now, start, seen = time.perf_counter(), self._round_start, self._seen
+        self._observe_round_time(now)
+        if self.log is not None and seen is not None and start is not None:
+            seen["verified"] = [res.verified for res in results]
+            self.log.write(RoundRecord(accepted=[res.accepted for res in results], seconds=now - start, **seen))
+        self._seen = None
         for res in results:
+            trials = min(res.verified, res.accepted + 1)
+            if trials and not res.finished:
+                hits, tried = self.acceptance.get(res.slot, (PRIOR_ACCEPT, 1.0))
+                self.acceptance[res.slot] = ((1 - ACCEPT_EMA) * hits + ACCEPT_EMA * res.accepted,
+                                             (1 - ACCEPT_EMA) * tried + ACCEPT_EMA * trials)
             if res.finished:
+                self.acceptance.pop(res.slot, None)
                 self.regulator.drop(res.slot)
             else:
                 self.regulator.observe(res.slot, res.verified, res.accepted)
@@ -149,11 +185,20 @@ def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTabl
     spec = config.spec
     reg = GammaRegulator(RegulatorConfig(gamma_min=1, gamma_max=spec.block_size, adaptive=spec.adaptive_gamma,
                                          fallback_floor=spec.fallback_acceptance))
-    if sps is None and spec.scheduler in ("prefix", "async_topk"):
+    if spec.scheduler == "learned" and not spec.policy_path:
+        raise DSparkError("spec.scheduler is 'learned' but spec.policy_path is empty; train a policy with "
+                          "`python cli.py train-policy` and set spec.policy_path to its JSON")
+    logging = spec.round_log is not None
+    if sps is None and (spec.scheduler in ("prefix", "async_topk", "learned") or logging):
         max_tokens = config.batch.max_requests * (min(spec.block_size, spec.max_verify_tokens) + 1)
         sps = SpsTable.load(spec.sps_path) if spec.sps_path else \
             profile_target_sps(target, max_tokens, rows=config.batch.max_requests,
                                affine=target.device.type == "cpu")
     # the round loop verifies ragged batches (model.py packs the real tokens): a batch costs sum(l_r + 1) tokens
-    policy = make_scheduler(spec.scheduler, sps=sps, threshold=spec.confidence_threshold)
-    return EngineScheduler(policy=policy, regulator=reg, max_verify=spec.max_verify_tokens)
+    if spec.scheduler == "learned":
+        assert sps is not None and spec.policy_path
+        policy: Scheduler = LearnedScheduler(policy=PolicyFile.load(spec.policy_path), sps=sps)
+    else:
+        policy = make_scheduler(spec.scheduler, sps=sps, threshold=spec.confidence_threshold)
+    log = RoundLog(Path(spec.round_log), spec.block_size, spec.scheduler, sps) if logging and sps else None
+    return EngineScheduler(policy=policy, regulator=reg, max_verify=spec.max_verify_tokens, log=log)

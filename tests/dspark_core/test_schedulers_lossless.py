@@ -14,10 +14,25 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from dspark_core.verification.schedulers import AsyncTopKScheduler, make_scheduler, prefix_schedule
+from dspark_core.verification.learned import FEATURES, LearnedScheduler, PolicyFile, RoundContext
+from dspark_core.verification.schedulers import AsyncTopKScheduler, Scheduler, make_scheduler, prefix_schedule
 from dspark_core.verification.sps import SpsTable
 
 Dist = Sequence[float]
+
+
+def _scheduler(name: str, sps: SpsTable, threshold: float) -> Scheduler:
+    """make_scheduler, plus `learned`: Algorithm 1 on a fixed acceptance model that sharpens the confidence and
+    reads the position and the request's history (its estimate for j reads c_j, which the Markov confidence
+    computes from x_<j)."""
+    if name != "learned":
+        return make_scheduler(name, sps=sps, threshold=threshold)
+    n = len(FEATURES)
+    w = [0.0] * n
+    w[FEATURES.index("confidence_logit")], w[FEATURES.index("position")] = 1.5, -0.5
+    w[FEATURES.index("recent_acceptance")] = 0.3
+    policy = PolicyFile(features=list(FEATURES), mean=[0.0] * n, scale=[1.0] * n, weights=w, shift=0.2, gamma=16)
+    return LearnedScheduler(policy=policy, sps=sps, context=RoundContext(recent_acceptance=[0.6, 0.2]))
 
 
 def _sample(rng: random.Random, p: Dist) -> int:
@@ -68,13 +83,14 @@ def _appendix_a_first_token(scheduler: Callable[[list[list[float]]], list[int]],
     ("async_topk", 0.7),
     ("threshold", 0.7),
     ("verify_all", 0.7),
+    ("learned", 0.7),
 ])
 def test_appendix_a_counterexample(name: str, expected: float) -> None:
     if name == "prefix_without_early_stop":
         def sched(rows: list[list[float]]) -> list[int]:
             return prefix_schedule(rows, APPENDIX_SPS, early_stop=False).lengths
     else:
-        sched = make_scheduler(name, sps=APPENDIX_SPS, threshold=0.75).schedule
+        sched = _scheduler(name, APPENDIX_SPS, 0.75).schedule
     n = 20_000
     p_a = _appendix_a_first_token(sched, n, seed=11)
     sigma = math.sqrt(expected * (1 - expected) / n)
@@ -113,7 +129,7 @@ def _simulate(scheduler_name: str, n: int, seed: int) -> tuple[Counter, Counter]
         def schedule(rows: list[list[float]]) -> list[int]:
             return prefix_schedule(rows, WORLD_SPS, overhead_s=0.3).lengths
     else:
-        schedule = make_scheduler(scheduler_name, sps=WORLD_SPS, threshold=0.4).schedule
+        schedule = _scheduler(scheduler_name, WORLD_SPS, 0.4).schedule
     rng = random.Random(seed)
     counts = (Counter(), Counter())
     for _ in range(n):
@@ -163,7 +179,7 @@ def _worst_deviation(name: str, n: int) -> tuple[float, str]:
     return worst, where
 
 
-@pytest.mark.parametrize("name", ["verify_all", "threshold", "prefix", "async_topk", "prefix_overhead"])
+@pytest.mark.parametrize("name", ["verify_all", "threshold", "prefix", "async_topk", "prefix_overhead", "learned"])
 def test_sampled_outputs_follow_the_target_with_two_requests(name: str) -> None:
     z, where = _worst_deviation(name, 20_000)
     assert z < 4.5, f"{name}: {where}"
@@ -185,12 +201,12 @@ def _greedy_target(ctx: Sequence[int]) -> int:
     return h % 50
 
 
-@pytest.mark.parametrize("name", ["verify_all", "threshold", "prefix", "async_topk"])
+@pytest.mark.parametrize("name", ["verify_all", "threshold", "prefix", "async_topk", "learned"])
 def test_greedy_outputs_identical_to_plain_for_every_block_length(name: str) -> None:
     rng = random.Random(0)
     sps = SpsTable.from_probes([(1, 1.0), (8, 0.9), (16, 0.6), (32, 0.3), (64, 0.2)], 256)
     for gamma in range(1, 17):
-        sched = make_scheduler(name, sps=sps, threshold=0.3)
+        sched = _scheduler(name, sps, 0.3)
         prompts = [[rng.randrange(50) for _ in range(rng.randint(1, 6))] for _ in range(5)]
         n_new = [rng.randint(1, 40) for _ in prompts]  # mixed lengths: requests finish at different rounds
         plain = []

@@ -1,0 +1,135 @@
+"""The learned verification-length scheduler (`spec.scheduler: learned`): Algorithm 1 over learned acceptances.
+
+The seed's `lambda = RL_policy(load_level, entropy)`, built as a model-based contextual bandit that stays lossless.
+Per drafted position the policy estimates P(x_{r,j} survives | x_{r,<j} survived) from what is known before
+x_{r,j} is drawn: the calibrated confidence c_{r,j} (as a logit), the draft distribution's entropy at j, the
+position and the request's rolling per-position acceptance. A logistic model of those features is fitted to
+logged rounds, and a logit shift on top is chosen by the reward itself, committed tokens per second of the whole
+batch priced by the SPS table (`dspark_core/training/train_policy.py`). The verify lengths are then Algorithm 1's
+(the hardware-aware prefix scheduler with the early stop) on the estimated acceptances: the load, the SPS slope
+and the engine's per-round overhead enter there, exactly priced, instead of being learned.
+
+Losslessness: every estimate for position j reads only x_{r,<j} (c_{r,j} and the entropy at j are computed from
+the previous draft token; the rest from past rounds), and Algorithm 1's early stop admits (r, j) without seeing
+x_{r,j}. So the choice is a stopping rule and the output distribution is the target's (tests: the paper's
+Appendix A counterexample and a small-vocabulary distribution test, test_schedulers_lossless.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from dspark_core.atomic import atomic_write_text
+from dspark_core.errors import DSparkError
+from dspark_core.verification.schedulers import Confidences, PrefixDecision, prefix_schedule
+from dspark_core.verification.sps import SpsTable
+
+# phi(r, j), in this order; the policy file names them so a file from another feature set is refused
+FEATURES = (
+    "bias",  # 1
+    "confidence_logit",  # logit of the calibrated c_{r,j} (clamped to [1e-4, 1 - 1e-4])
+    "entropy",  # entropy (nats) of the draft distribution at j; the file's mean when the drafter gives none
+    "position",  # j / 16
+    "recent_acceptance",  # the request's rolling per-position acceptance (accepted / positions seen; 0.5 at first)
+)
+
+
+@dataclass
+class RoundContext:
+    """What the engine knows of the round besides the confidences (missing entries are neutral)."""
+
+    recent_acceptance: Sequence[float] = ()  # per request: rolling per-position acceptance
+    entropy: Sequence[Sequence[float]] = ()  # per request and position: draft entropy in nats
+
+
+class PolicyFile(BaseModel):
+    """The JSON the bundle ships: the acceptance model, its logit shift, and what it was trained and scored on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    features: list[str]  # must equal FEATURES
+    mean: list[float]  # per feature: subtracted before the dot product
+    scale: list[float]  # per feature: divided by (> 0)
+    weights: list[float]  # acceptance logit = w . ((phi - mean) / scale) + shift
+    shift: float = 0.0  # logit shift chosen by the priced throughput on the training rounds
+    gamma: int  # block length of the logged rounds
+    trained_on: dict[str, float | int | str] = {}  # rounds, throughputs of the policies compared, data source
+
+    @model_validator(mode="after")
+    def _check(self) -> PolicyFile:
+        if self.features != list(FEATURES):
+            raise ValueError(f"features {self.features} differ from this engine's {list(FEATURES)}; retrain the "
+                             "policy with `train-policy`")
+        n = len(FEATURES)
+        for name in ("mean", "scale", "weights"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name} has {len(getattr(self, name))} entries for {n} features")
+        if any(not (s > 0.0 and math.isfinite(s)) for s in self.scale):
+            raise ValueError(f"scale must be finite and > 0, got {self.scale}")
+        if any(not math.isfinite(v) for v in [*self.mean, *self.weights, self.shift]):
+            raise ValueError("mean, weights and shift must be finite")
+        return self
+
+    @classmethod
+    def load(cls, path: str | Path) -> PolicyFile:
+        p = Path(path)
+        try:
+            return cls.model_validate_json(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise DSparkError(f"learned policy {p} not found; train one with `python cli.py train-policy`") from None
+        except (ValidationError, ValueError) as e:
+            first = e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)
+            raise DSparkError(f"learned policy {p} is invalid: {first}") from None
+
+    def save(self, path: str | Path) -> Path:
+        return atomic_write_text(path, self.model_dump_json(indent=2) + "\n")
+
+    def acceptance(self, phi: Sequence[float]) -> float:
+        """Estimated P(position survives | prefix survived) for one feature row."""
+        z = self.shift + sum(w * (x - m) / s for w, x, m, s in zip(self.weights, phi, self.mean, self.scale,
+                                                                     strict=True))
+        return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
+
+
+def feature_rows(rows: Confidences, ctx: RoundContext, mean_entropy: float) -> list[list[list[float]]]:
+    """phi[r][j] (FEATURES order) for every drafted position of every request."""
+    out = []
+    for r, conf in enumerate(rows):
+        acc = float(ctx.recent_acceptance[r]) if r < len(ctx.recent_acceptance) else 0.5
+        ent = ctx.entropy[r] if r < len(ctx.entropy) else ()
+        feats = []
+        for j, c in enumerate(conf):
+            c = min(1.0 - 1e-4, max(1e-4, float(c)))
+            feats.append([1.0, math.log(c / (1.0 - c)), float(ent[j]) if j < len(ent) else mean_entropy, j / 16.0,
+                          acc])
+        out.append(feats)
+    return out
+
+
+@dataclass
+class LearnedScheduler:
+    """Algorithm 1 (early stop, lossless) on the policy's acceptance estimates instead of the raw confidences."""
+
+    policy: PolicyFile  # trained acceptance model
+    sps: SpsTable  # profiled cost table
+    name: str = "learned"
+    overhead_s: float = 0.0  # fixed cost per round on top of the target step (the engine measures it online)
+    context: RoundContext = field(default_factory=RoundContext)  # set by the engine before each schedule()
+    last: PrefixDecision | None = None  # the latest decision, for stats
+
+    def estimates(self, rows: Confidences) -> list[list[float]]:
+        mean_entropy = self.policy.mean[FEATURES.index("entropy")]
+        return [[self.policy.acceptance(phi) for phi in feats]
+                for feats in feature_rows(rows, self.context, mean_entropy)]
+
+    def schedule(self, rows: Confidences) -> list[int]:
+        self.last = prefix_schedule(self.estimates(rows), self.sps, early_stop=True, overhead_s=self.overhead_s)
+        return self.last.lengths
+
+    def reset(self) -> None:
+        self.context, self.last = RoundContext(), None

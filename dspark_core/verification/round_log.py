@@ -1,0 +1,99 @@
+"""Round logs: what the engine saw and got in each speculative round, as JSON lines (train-policy reads them).
+
+Line 1 is a header: the SPS table the engine priced rounds with and the block length. Every further line is
+one round: the load (running, queued), per request the calibrated confidences, draft entropies and rolling
+acceptance the scheduler saw, how many tokens it drafted, verified and had accepted, and the round's
+measured seconds with its verify batch in tokens. Logging with `verify_all` gives full information: a
+shorter verify length l would have committed min(l, accepted) + 1 tokens (the acceptance test of each
+position uses the same random draw whatever l is), so any stopping rule can be priced on the log.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from dspark_core.errors import DSparkError
+from dspark_core.verification.sps import SpsTable, SpsTableFile
+
+
+class LogHeader(BaseModel):
+    """First line of a round log."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = "dspark-round-log"  # marks the file
+    block_size: int  # spec.block_size of the run
+    scheduler: str  # the logging run's spec.scheduler (verify_all = full information)
+    sps: SpsTableFile  # the table the engine priced batches with
+
+
+class RoundRecord(BaseModel):
+    """One speculative round of the whole batch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    running: int  # requests in the round
+    waiting: int  # requests queued behind them
+    confidence: list[list[float]]  # [request][position]: calibrated c_k of the drafted tokens
+    entropy: list[list[float]]  # [request][position]: draft entropy in nats ([] rows when the drafter gave none)
+    recent_acceptance: list[float]  # [request]: rolling per-position acceptance before the round
+    verified: list[int]  # [request]: draft tokens verified
+    accepted: list[int]  # [request]: accepted prefix of the verified drafts
+    batch_tokens: int  # sum(verified + 1)
+    seconds: float  # the round, from the first gamma() call to observe()
+
+
+@dataclass
+class RoundLog:
+    """Appends rounds to a JSONL file; opened lazily so an engine that never speculates writes nothing."""
+
+    path: Path
+    block_size: int
+    scheduler: str
+    sps: SpsTable  # the table the engine prices batches with (the header records it)
+    _fh: IO[str] | None = field(default=None, repr=False)
+
+    def write(self, record: RoundRecord) -> None:
+        if self._fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fresh = not self.path.exists() or self.path.stat().st_size == 0
+            self._fh = self.path.open("a", encoding="utf-8")
+            if fresh:
+                table = SpsTableFile.model_validate(self.sps.to_dict())
+                head = LogHeader(block_size=self.block_size, scheduler=self.scheduler, sps=table)
+                self._fh.write(head.model_dump_json() + "\n")
+        self._fh.write(record.model_dump_json() + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def read_log(path: str | Path) -> tuple[LogHeader, list[RoundRecord]]:
+    """Header and rounds of one log; one clear error naming the file and line on bad input."""
+    p = Path(path)
+    if not p.is_file():
+        raise DSparkError(f"round log {p} not found; write one with `bench ... --log-rounds {p}`")
+    lines = p.read_text(encoding="utf-8").splitlines()
+    if not lines:
+        raise DSparkError(f"round log {p} is empty")
+    try:
+        header = LogHeader.model_validate(json.loads(lines[0]))
+    except (ValidationError, json.JSONDecodeError, TypeError) as e:
+        raise DSparkError(f"{p}:1 is not a round-log header ({str(e).splitlines()[0]})") from None
+    rounds = []
+    for i, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        try:
+            rounds.append(RoundRecord.model_validate(json.loads(line)))
+        except (ValidationError, json.JSONDecodeError, TypeError) as e:
+            raise DSparkError(f"{p}:{i} is not a round record ({str(e).splitlines()[0]})") from None
+    return header, rounds

@@ -1,0 +1,124 @@
+"""The learned verification-length policy: round logs from the engine, training, and the policy inside the engine
+(greedy output identical to plain decoding). The stopping-rule losslessness tests sit with the other schedulers
+in test_schedulers_lossless.py."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import engine_config, random_model
+
+from dspark_core.drafters.dspark import DraftConfig, DSparkDraftModel
+from dspark_core.drafters.dspark_runtime import DSparkDrafter
+from dspark_core.engine import Engine
+from dspark_core.errors import DSparkError
+from dspark_core.training.train_policy import load_rounds, train_policy
+from dspark_core.verification.learned import FEATURES, PolicyFile
+from dspark_core.verification.round_log import LogHeader, RoundRecord, read_log
+from dspark_core.verification.sampling import SamplingParams
+from dspark_core.verification.sps import SpsTable, SpsTableFile
+from dspark_core.verification.verify_scheduler import build_verify_scheduler
+
+PROMPTS = [[1, 2, 3, 4, 5], [7], [9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], [3, 1, 4, 1, 5, 9, 2, 6]]
+SP = SamplingParams(max_new_tokens=24, ignore_eos=True)
+SPS = SpsTable.from_probes([(1, 1.0), (4, 0.95), (8, 0.7), (16, 0.5), (32, 0.3)], 256)
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.set_num_threads(1)
+    return random_model(11)
+
+
+def _drafter(target) -> DSparkDrafter:
+    torch.manual_seed(5)
+    cfg = DraftConfig.for_target(target.arch, head="markov", block_size=6, markov_rank=8, num_layers=1,
+                                 intermediate_size=32, target_layers=[0, 1])
+    m = DSparkDraftModel(cfg, target.embed, target.lm_head)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    return DSparkDrafter(m.eval())
+
+
+def _run(target, scheduler: str, tmp_path, **spec) -> list[list[int]]:
+    cfg = engine_config(block=6, max_requests=3, method="dspark")
+    cfg.spec.scheduler = scheduler  # type: ignore[assignment]
+    for k, v in spec.items():
+        setattr(cfg.spec, k, v)
+    eng = Engine(cfg, target=target, drafter=_drafter(target), scheduler=build_verify_scheduler(cfg, target, sps=SPS))
+    return [o.token_ids for o in eng.generate(PROMPTS, SP).outputs]
+
+
+def test_log_train_and_serve_the_policy(target, tmp_path) -> None:
+    plain = [o.token_ids for o in Engine(engine_config(method="plain"), target=target).generate(PROMPTS, SP).outputs]
+    log = tmp_path / "rounds.jsonl"
+    assert _run(target, "verify_all", tmp_path, round_log=str(log)) == plain
+    header, rounds = read_log(log)
+    assert header.scheduler == "verify_all" and header.block_size == 6
+    assert list(header.sps.sample_batch_tokens) == list(SPS.sample_batch_tokens)
+    assert len(rounds) >= 8 and all(r.seconds > 0 for r in rounds)
+    first = rounds[0]
+    assert first.running == 3 and first.waiting == 1  # 4 prompts, 3 slots
+    assert all(len(e) == len(c) == v for e, c, v in zip(first.entropy, first.confidence, first.verified, strict=True))
+    assert all(0 <= a <= v for a, v in zip(first.accepted, first.verified, strict=True))
+    assert all(e >= 0 for row in first.entropy for e in row)
+
+    policy, scores = train_policy(load_rounds([log]))
+    assert set(scores) >= {"verify_all", "prefix", "learned", "oracle"} and scores["learned"] > 0
+    assert scores["oracle"] >= max(scores["verify_all"], scores["prefix"], scores["learned"])
+    path = policy.save(tmp_path / "policy.json")
+    assert PolicyFile.load(path) == policy
+    # any weights give a stopping rule: greedy output stays the target's
+    assert _run(target, "learned", tmp_path, policy_path=str(path)) == plain
+
+
+def test_learned_without_a_policy_is_one_clear_error(target, tmp_path) -> None:
+    with pytest.raises(DSparkError, match="spec.policy_path is empty"):
+        _run(target, "learned", tmp_path)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"features": ["bias"], "mean": [0], "scale": [1], "weights": [1], "gamma": 4}')
+    with pytest.raises(DSparkError, match="differ from this engine's"):
+        _run(target, "learned", tmp_path, policy_path=str(bad))
+
+
+def _synthetic_log(path, rounds: int, seed: int) -> None:
+    """Rounds where the confidence head is overconfident on 'hard' requests (low rolling acceptance): the prefix
+    scheduler trusts c = 0.9 and verifies long blocks there; the log says only the first token survives."""
+    rng = random.Random(seed)
+    sps = SpsTable.from_probes([(b, 1.0 / (0.05 + 0.01 * b)) for b in range(1, 65)], 64)
+    lines = [LogHeader(block_size=8, scheduler="verify_all", sps=SpsTableFile(**sps.to_dict())).model_dump_json()]
+    for _ in range(rounds):
+        hard = [rng.random() < 0.5 for _ in range(4)]
+        conf = [[0.9] * 8 for _ in hard]
+        acc = [min(1, rng.randrange(3)) if h else rng.randrange(5, 9) for h in hard]
+        rec = RoundRecord(running=4, waiting=0, confidence=conf, entropy=[[1.0] * 8 for _ in hard],
+                          recent_acceptance=[0.1 if h else 0.8 for h in hard], verified=[8] * 4, accepted=acc,
+                          batch_tokens=36, seconds=0.05 + 0.01 * 36 + 0.02)
+        lines.append(rec.model_dump_json())
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_training_beats_the_prefix_scheduler_when_confidences_mislead(tmp_path) -> None:
+    log = tmp_path / "synthetic.jsonl"
+    _synthetic_log(log, 300, seed=3)
+    data = load_rounds([log])
+    policy, scores = train_policy(data)
+    assert scores["learned"] > 1.1 * scores["prefix"], scores
+    w = dict(zip(FEATURES, policy.weights, strict=True))
+    assert w["recent_acceptance"] > 0  # it learned to read the request's history, which the confidence ignores
+
+
+def test_bad_logs_are_one_line_each(tmp_path) -> None:
+    with pytest.raises(DSparkError, match="not found"):
+        read_log(tmp_path / "missing.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"kind": "x"}\n')
+    with pytest.raises(DSparkError, match=r"bad.jsonl:1 is not a round-log header"):
+        read_log(bad)
+    _synthetic_log(bad, 2, seed=0)
+    bad.write_text(bad.read_text() + "{not json}\n")
+    with pytest.raises(DSparkError, match=r"bad.jsonl:4 is not a round record"):
+        read_log(bad)
