@@ -339,7 +339,7 @@ class Engine:
         b = len(reqs)
         t0 = time.perf_counter()
         if self.drafter and any(q.gamma for q in reqs):
-            if hasattr(self.scheduler, "waiting"):  # load feature of the learned scheduler and the round log
+            if hasattr(self.scheduler, "waiting"):  # the round log records the queue behind the batch
                 self.scheduler.waiting = len(self._waiting)
             prop = self.drafter.propose(reqs)
             chosen = self.scheduler.choose(reqs, prop)
