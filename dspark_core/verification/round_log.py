@@ -58,15 +58,31 @@ class RoundLog:
     sps: SpsTable  # the table the engine prices batches with (the header records it)
     _fh: IO[str] | None = field(default=None, repr=False)
 
+    def header(self) -> LogHeader:
+        table = SpsTableFile.model_validate(self.sps.to_dict())
+        return LogHeader(block_size=self.block_size, scheduler=self.scheduler, sps=table)
+
+    def __post_init__(self) -> None:
+        """Appending to an existing file is allowed only when it is a round log of the same setting."""
+        if not self.path.is_file() or self.path.stat().st_size == 0:
+            return
+        with self.path.open(encoding="utf-8", errors="replace") as fh:
+            first = fh.readline()
+        try:
+            old = LogHeader.model_validate(json.loads(first))
+        except (ValidationError, json.JSONDecodeError, TypeError):
+            raise DSparkError(f"spec.round_log {self.path} exists and is not a round log; give a new path") from None
+        if old != self.header():
+            raise DSparkError(f"spec.round_log {self.path} holds rounds of another setting (block size, scheduler or "
+                              "SPS table); give a new path")
+
     def write(self, record: RoundRecord) -> None:
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fresh = not self.path.exists() or self.path.stat().st_size == 0
             self._fh = self.path.open("a", encoding="utf-8")
             if fresh:
-                table = SpsTableFile.model_validate(self.sps.to_dict())
-                head = LogHeader(block_size=self.block_size, scheduler=self.scheduler, sps=table)
-                self._fh.write(head.model_dump_json() + "\n")
+                self._fh.write(self.header().model_dump_json() + "\n")
         self._fh.write(record.model_dump_json() + "\n")
         self._fh.flush()
 
@@ -80,7 +96,8 @@ def read_log(path: str | Path) -> tuple[LogHeader, list[RoundRecord]]:
     """Header and rounds of one log; one clear error naming the file and line on bad input."""
     p = Path(path)
     if not p.is_file():
-        raise DSparkError(f"round log {p} not found; write one with `bench ... --log-rounds {p}`")
+        raise DSparkError(f"round log {p} not found; set spec.round_log in the engine config of a run (bench "
+                          "--config, serve --config) to write one")
     lines = p.read_text(encoding="utf-8").splitlines()
     if not lines:
         raise DSparkError(f"round log {p} is empty")

@@ -122,3 +122,22 @@ def test_bad_logs_are_one_line_each(tmp_path) -> None:
     bad.write_text(bad.read_text() + "{not json}\n")
     with pytest.raises(DSparkError, match=r"bad.jsonl:4 is not a round record"):
         read_log(bad)
+
+
+def test_a_round_log_appends_only_to_its_own_kind_of_file(tmp_path) -> None:
+    from dspark_core.verification.round_log import RoundLog
+
+    other = tmp_path / "notes.txt"
+    other.write_text("my notes\n")
+    with pytest.raises(DSparkError, match="is not a round log"):
+        RoundLog(other, 8, "verify_all", SPS)
+    assert other.read_text() == "my notes\n"  # untouched
+    log = tmp_path / "rounds.jsonl"
+    _synthetic_log(log, 1, seed=0)  # block 8, another SPS table
+    with pytest.raises(DSparkError, match="another setting"):
+        RoundLog(log, 8, "verify_all", SPS)
+    table = SpsTable.from_probes([(b, 1.0 / (0.05 + 0.01 * b)) for b in range(1, 65)], 64)  # the synthetic log's
+    same = RoundLog(log, 8, "verify_all", table)
+    same.write(read_log(log)[1][0])
+    same.close()
+    assert len(read_log(log)[1]) == 2
