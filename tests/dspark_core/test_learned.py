@@ -141,3 +141,11 @@ def test_a_round_log_appends_only_to_its_own_kind_of_file(tmp_path) -> None:
     same.write(read_log(log)[1][0])
     same.close()
     assert len(read_log(log)[1]) == 2
+
+
+def test_a_bundle_names_its_policy_relative_to_dspark_yaml(tmp_path) -> None:
+    from dspark_core.config import load_config
+
+    (tmp_path / "dspark.yaml").write_text("spec:\n  scheduler: learned\n  policy_path: policy.json\n")
+    cfg = load_config(tmp_path / "dspark.yaml")
+    assert cfg.spec.policy_path == str(tmp_path / "policy.json")
