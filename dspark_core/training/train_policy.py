@@ -15,8 +15,8 @@ does not change which rounds come next in the log).
 
 Tried first and dropped: a linear stopping rule (continue while w . phi > 0, load features included) trained by
 REINFORCE on the Dinkelbach reward tokens - rho * seconds. On SmolLM2-135M's logs it scored 29.7 tokens per modelled
-second on held-out rounds against Algorithm 1's 30.0, and lost 2% / 9% live at concurrency 1 / 8: it has to learn
-the hardware pricing that Algorithm 1 gets exactly from the SPS table.
+second on held-out rounds against Algorithm 1's 30.0, and ran at 0.87-0.98x / 0.91-0.94x Algorithm 1's speed live at
+concurrency 1 / 8 (two versions): it has to learn the hardware pricing that Algorithm 1 gets exactly from the SPS table.
 """
 
 from __future__ import annotations
