@@ -35,8 +35,10 @@ FEATURES = (
     "confidence_logit",  # logit of the calibrated c_{r,j} (clamped to [1e-4, 1 - 1e-4])
     "entropy",  # entropy (nats) of the draft distribution at j; the file's mean when the drafter gives none
     "position",  # j / 16
-    "recent_acceptance",  # the request's rolling per-position acceptance (accepted / positions seen; 0.5 at first)
+    "recent_acceptance",  # the request's rolling per-position acceptance (accepted / positions seen)
 )
+
+PRIOR_ACCEPT = 0.5  # a request's rolling per-position acceptance before its first round
 
 
 @dataclass
@@ -100,7 +102,7 @@ def feature_rows(rows: Confidences, ctx: RoundContext, mean_entropy: float) -> l
     """phi[r][j] (FEATURES order) for every drafted position of every request."""
     out = []
     for r, conf in enumerate(rows):
-        acc = float(ctx.recent_acceptance[r]) if r < len(ctx.recent_acceptance) else 0.5
+        acc = float(ctx.recent_acceptance[r]) if r < len(ctx.recent_acceptance) else PRIOR_ACCEPT
         ent = ctx.entropy[r] if r < len(ctx.entropy) else ()
         feats = []
         for j, c in enumerate(conf):

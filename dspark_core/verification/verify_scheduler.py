@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dspark_core.errors import DSparkError
-from dspark_core.verification.learned import LearnedScheduler, PolicyFile, RoundContext
+from dspark_core.verification.learned import PRIOR_ACCEPT, LearnedScheduler, PolicyFile, RoundContext
 from dspark_core.verification.regulator import GammaRegulator, RegulatorConfig
 from dspark_core.verification.round_log import RoundLog, RoundRecord
 from dspark_core.verification.schedulers import Scheduler, make_scheduler
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from dspark_core.modeling.model import LeanModel
 
 
-PRIOR_ACCEPT = 0.5  # a new request's per-position acceptance before its first round
 ACCEPT_EMA = 0.3  # weight of the newest round in the rolling acceptance
 
 
@@ -67,6 +66,10 @@ class EngineScheduler:
         old = float(getattr(self.policy, "overhead_s", 0.0))
         self.policy.overhead_s = extra if old == 0.0 else (1 - self.ema) * old + self.ema * extra  # type: ignore[attr-defined]
 
+    def _features(self) -> bool:
+        """Whether anything reads the per-round features (entropies, rolling acceptance): learned policy, log."""
+        return self.log is not None or isinstance(self.policy, LearnedScheduler)
+
     def gamma(self, slot: int, default: int) -> int:
         if self._round_start is None:
             self._round_start = time.perf_counter()
@@ -78,12 +81,13 @@ class EngineScheduler:
             return nums
         conf = proposal.confidence.detach().float().cpu().tolist()
         rows = [row[:n] for row, n in zip(conf, nums, strict=True)]
-        ent = proposal.entropy.tolist() if proposal.entropy is not None else [[] for _ in rows]
-        ent = [row[:n] for row, n in zip(ent, nums, strict=True)]
-        recent = [self.acceptance.get(r.slot, (PRIOR_ACCEPT, 1.0)) for r in requests]
-        recent = [hits / trials for hits, trials in recent]
-        if isinstance(self.policy, LearnedScheduler):
-            self.policy.context = RoundContext(recent_acceptance=recent, entropy=ent)
+        if self._features():
+            ent = proposal.entropy.tolist() if proposal.entropy is not None else [[] for _ in rows]
+            ent = [row[:n] for row, n in zip(ent, nums, strict=True)]
+            recent = [hits / trials for hits, trials in
+                      (self.acceptance.get(r.slot, (PRIOR_ACCEPT, 1.0)) for r in requests)]
+            if isinstance(self.policy, LearnedScheduler):
+                self.policy.context = RoundContext(recent_acceptance=recent, entropy=ent)
         lengths = self.policy.schedule(rows)
         self._batch = sum(lengths) + len(rows)  # ragged verify batch in tokens
         if self.log is not None:
@@ -100,7 +104,7 @@ class EngineScheduler:
         self._seen = None
         for res in results:
             trials = min(res.verified, res.accepted + 1)
-            if trials and not res.finished:
+            if trials and not res.finished and self._features():
                 hits, tried = self.acceptance.get(res.slot, (PRIOR_ACCEPT, 1.0))
                 self.acceptance[res.slot] = ((1 - ACCEPT_EMA) * hits + ACCEPT_EMA * res.accepted,
                                              (1 - ACCEPT_EMA) * tried + ACCEPT_EMA * trials)
