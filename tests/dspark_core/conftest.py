@@ -59,3 +59,18 @@ def engine_config(block: int = 4, max_requests: int = 4, method: str = "ar_draft
     cfg.model.max_seq_len = 512
     cfg.drafter.method = method  # type: ignore[assignment]
     return cfg
+
+
+def random_drafter(target: LeanModel, head: str = "markov", block: int = 4):  # noqa: ANN201 - DSparkDrafter
+    """A small DSpark drafter with perturbed random weights on `target` (deterministic)."""
+    from dspark_core.drafters.dspark import DraftConfig, DSparkDraftModel
+    from dspark_core.drafters.dspark_runtime import DSparkDrafter
+
+    torch.manual_seed(5)
+    cfg = DraftConfig.for_target(target.arch, head=head, block_size=block, markov_rank=8, num_layers=1,
+                                 intermediate_size=32, target_layers=[0, 1])
+    m = DSparkDraftModel(cfg, target.embed, target.lm_head)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    return DSparkDrafter(m.eval())

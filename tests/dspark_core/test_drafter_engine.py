@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import engine_config, random_model
+from conftest import engine_config, random_drafter, random_model
 
-from dspark_core.drafters.dspark import DraftConfig, DSparkDraftModel
-from dspark_core.drafters.dspark_runtime import DSparkDrafter
 from dspark_core.engine import Engine
 from dspark_core.verification.sampling import SamplingParams
 from dspark_core.verification.sps import SpsTable
@@ -31,17 +29,6 @@ def plain(target) -> list[list[int]]:
     return [o.token_ids for o in eng.generate(PROMPTS, SP).outputs]
 
 
-def _drafter(target, head: str, block: int = 4) -> DSparkDrafter:
-    torch.manual_seed(5)
-    cfg = DraftConfig.for_target(target.arch, head=head, block_size=block, markov_rank=8, num_layers=1,
-                                 intermediate_size=32, target_layers=[0, 1])
-    m = DSparkDraftModel(cfg, target.embed, target.lm_head)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn_like(p) * 0.2)
-    return DSparkDrafter(m.eval())
-
-
 @pytest.mark.parametrize("head", ["none", "markov", "rnn"])
 @pytest.mark.parametrize("scheduler", ["verify_all", "threshold", "prefix", "async_topk"])
 def test_greedy_is_lossless_for_every_head_and_scheduler(head: str, scheduler: str, target, plain) -> None:
@@ -51,7 +38,7 @@ def test_greedy_is_lossless_for_every_head_and_scheduler(head: str, scheduler: s
         cfg.spec.scheduler = scheduler  # type: ignore[assignment]
         cfg.spec.confidence_threshold = 0.3
         sched = build_verify_scheduler(cfg, target, sps=SPS)
-        eng = Engine(cfg, target=target, drafter=_drafter(target, head), scheduler=sched)
+        eng = Engine(cfg, target=target, drafter=random_drafter(target, head), scheduler=sched)
         gen = eng.generate(PROMPTS, SP)
         assert [o.token_ids for o in gen.outputs] == plain, f"{head}/{scheduler} block {block}"
         assert gen.stats.tau >= 1.0
@@ -62,7 +49,7 @@ def test_sampling_runs_are_reproducible_and_carry_confidences(target) -> None:
     sp = SamplingParams(max_new_tokens=16, ignore_eos=True, temperature=0.9, top_k=20, seed=4)
     runs = []
     for _ in range(2):
-        drafter = _drafter(target, "markov")
+        drafter = random_drafter(target, "markov")
         eng = Engine(cfg, target=target, drafter=drafter,
                      scheduler=build_verify_scheduler(cfg, target, sps=SPS))
         runs.append([o.token_ids for o in eng.generate(PROMPTS, sp).outputs])
@@ -73,7 +60,7 @@ def test_proposal_shapes_and_calibrated_confidence(target) -> None:
     from dspark_core.drafters.base import DraftRequest
     from dspark_core.verification.calibrate import StsCalibration
 
-    d = _drafter(target, "rnn")
+    d = random_drafter(target, "rnn")
     hidden = torch.randn(6, d.model.cfg.context_width)
     d.reset(0, [1, 2, 3, 4, 5, 6], hidden)
     d.reset(1, [1, 2], hidden[:2])

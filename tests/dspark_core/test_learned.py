@@ -8,10 +8,8 @@ import random
 
 import pytest
 import torch
-from conftest import engine_config, random_model
+from conftest import engine_config, random_drafter, random_model
 
-from dspark_core.drafters.dspark import DraftConfig, DSparkDraftModel
-from dspark_core.drafters.dspark_runtime import DSparkDrafter
 from dspark_core.engine import Engine
 from dspark_core.errors import DSparkError
 from dspark_core.training.train_policy import load_rounds, train_policy
@@ -32,23 +30,13 @@ def target():
     return random_model(11)
 
 
-def _drafter(target) -> DSparkDrafter:
-    torch.manual_seed(5)
-    cfg = DraftConfig.for_target(target.arch, head="markov", block_size=6, markov_rank=8, num_layers=1,
-                                 intermediate_size=32, target_layers=[0, 1])
-    m = DSparkDraftModel(cfg, target.embed, target.lm_head)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn_like(p) * 0.2)
-    return DSparkDrafter(m.eval())
-
-
 def _run(target, scheduler: str, tmp_path, **spec) -> list[list[int]]:
     cfg = engine_config(block=6, max_requests=3, method="dspark")
     cfg.spec.scheduler = scheduler  # type: ignore[assignment]
     for k, v in spec.items():
         setattr(cfg.spec, k, v)
-    eng = Engine(cfg, target=target, drafter=_drafter(target), scheduler=build_verify_scheduler(cfg, target, sps=SPS))
+    sched = build_verify_scheduler(cfg, target, sps=SPS)
+    eng = Engine(cfg, target=target, drafter=random_drafter(target, block=6), scheduler=sched)
     return [o.token_ids for o in eng.generate(PROMPTS, SP).outputs]
 
 
