@@ -114,22 +114,17 @@ def throughput(data: RoundData, lengths: torch.Tensor, rounds: torch.Tensor) -> 
 def replay(data: RoundData, conf: torch.Tensor | None, rounds: torch.Tensor) -> torch.Tensor:
     """Algorithm 1's lengths per pair over `rounds` (others 0), on `conf` [P, G] (None = the logged confidences)."""
     out = torch.zeros_like(data.avail)
-    pairs = torch.zeros(len(data.rounds) + 1, dtype=torch.long)
-    pairs[1:] = torch.bincount(data.round_of, minlength=len(data.rounds)).cumsum(0)
+    first = torch.zeros(len(data.rounds) + 1, dtype=torch.long)  # first pair of each round (pairs are in round order)
+    first[1:] = torch.bincount(data.round_of, minlength=len(data.rounds)).cumsum(0)
     for n in rounds.tolist():
         rec, (sps, over) = data.rounds[n], data.tables[n]
-        logged = _rows(rec)
-        p0 = int(pairs[n])
-        rows, idx = [], []
-        for row in logged:
-            if row:
-                rows.append(row if conf is None else conf[p0 + len(idx), : len(row)].tolist())
-                idx.append(p0 + len(idx))
-            else:
-                rows.append([])
-        lengths = prefix_schedule(rows, sps, overhead_s=over).lengths
-        for p, n_ver in zip(idx, [length for length, row in zip(lengths, rows, strict=True) if row], strict=True):
-            out[p] = n_ver
+        rows = _rows(rec)
+        pair = {r: int(first[n]) + k for k, r in enumerate(r for r, row in enumerate(rows) if row)}  # request -> pair
+        if conf is not None:
+            rows = [conf[pair[r], : len(row)].tolist() if row else [] for r, row in enumerate(rows)]
+        for r, n_ver in enumerate(prefix_schedule(rows, sps, overhead_s=over).lengths):
+            if r in pair:
+                out[pair[r]] = n_ver
     return out
 
 
