@@ -140,6 +140,8 @@ def open_db(url: str | None = None, migrate: bool = True) -> Database:
     try:
         if url.startswith("sqlite"):
             path = url.split("///", 1)[1] if "///" in url else ""
+            if path.startswith("file:"):  # SQLite URI filename (?mode=ro&uri=true): the path is between file: and ?
+                path = path[len("file:"):].split("?", 1)[0]
             if path and path != ":memory:":
                 try:
                     Path(path).parent.mkdir(parents=True, exist_ok=True)
