@@ -57,6 +57,8 @@ class SpecSection(_Section):
     sts_path: str | None = None  # SGLang DSparkStsCalibration JSON (confidence temperatures)
     policy_path: str | None = None  # learned scheduler's policy JSON (`train-policy`); required by scheduler=learned
     round_log: str | None = None  # JSONL file each speculative round is appended to (`train-policy` reads it)
+    gamma_policy: Literal["static", "learned"] = "static"  # block per round: block_size, or the learned pick in 0..it
+    gamma_policy_path: str | None = None  # learned block-length policy JSON (`train-gamma-policy`)
 
 
 class BatchSection(_Section):
@@ -218,7 +220,8 @@ def load_config(path: str | os.PathLike[str]) -> EngineConfig:
     drafter = config.drafter.path
     if drafter and not Path(drafter).is_absolute() and (p.parent / drafter).is_dir():
         config.drafter.path = str(p.parent / drafter)
-    for section, key in (("spec", "sps_path"), ("spec", "sts_path"), ("spec", "policy_path"), (None, "kernel_file")):
+    for section, key in (("spec", "sps_path"), ("spec", "sts_path"), ("spec", "policy_path"),
+                         ("spec", "gamma_policy_path"), (None, "kernel_file")):
         owner = getattr(config, section) if section else config
         value = getattr(owner, key)
         if value and not Path(value).is_absolute():

@@ -110,6 +110,11 @@ class Engine:
         self.scheduler = scheduler if scheduler is not None else build_scheduler(c, self.target)
         if hasattr(drafter, "want_entropy"):  # a feature of the learned scheduler and of the round log
             drafter.want_entropy = c.spec.scheduler == "learned" or c.spec.round_log is not None  # type: ignore[union-attr]
+        if hasattr(self.scheduler, "classes") and (c.spec.gamma_policy == "learned" or c.spec.round_log):
+            from dspark_core.verification.gamma_policy import TokenClasses
+
+            if tokenizer is not None:  # the gamma policy's token-class features (none without a tokenizer)
+                self.scheduler.classes = TokenClasses.from_tokenizer(tokenizer)  # type: ignore[union-attr]
         _install_kernel_configs(c, self.target.device)
         self.cache = self.target.new_cache(c.batch.max_requests, c.model.max_seq_len, dtype=kv_dtype(c, self.target))
         self.stats = GenStats(method=self.drafter.name if self.drafter else "plain")  # since the last reset_stats
@@ -330,6 +335,9 @@ class Engine:
         block = self.config.spec.block_size if self.drafter else 0
         if self.gamma_cap is not None:
             block = min(block, self.gamma_cap)
+        if block and hasattr(self.scheduler, "round_block"):  # the learned gamma policy picks this round's block
+            block = self.scheduler.round_block([(r.slot, r.tokens, r.sp.max_new_tokens - len(r.out) - 1)
+                                                for r in running], block)
         reqs = []
         for r in running:
             remaining = r.sp.max_new_tokens - len(r.out)
@@ -429,7 +437,7 @@ def build_scheduler(config: EngineConfig, target: LeanModel) -> VerifyScheduler:
     `dspark_core.verification.verify_scheduler` (confidence ranking, adaptive gamma, the plain-decoding fallback)."""
     spec = config.spec
     if spec.scheduler == "verify_all" and not spec.adaptive_gamma and spec.fallback_acceptance == 0.0 \
-            and spec.round_log is None:
+            and spec.round_log is None and spec.gamma_policy == "static":
         return VerifyAll()  # nothing to regulate: every request drafts and verifies the full block
     from dspark_core.verification.verify_scheduler import build_verify_scheduler
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+CHAT = "benchmarks/prompts/heldout_chat.jsonl"  # a real prompt file, so the usage error is the method's
 
 
 def dspark(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -63,6 +64,9 @@ CASES = [  # the issue's findings, each once: argv, words the line must hold
     (["bench", "--max-new-tokens", "0"], ["--max-new-tokens"]),
     (["rules", "search", "fp8", "hopper"], ["hopper"]),
     (["train-policy", "no-such-log.jsonl"], ["round log no-such-log.jsonl not found"]),
+    (["train-gamma-policy", "no-such-log.jsonl"], ["round log no-such-log.jsonl not found"]),
+    (["bench", "--prompts", CHAT, "--methods", "dspark_markov@x"], ["block suffix 'x' must be 1..16 or 'learned'"]),
+    (["bench", "--prompts", CHAT, "--methods", "ngram@4"], ["a block suffix applies to DSpark methods"]),
     (["no-such-command"], ["no-such-command"]),
     (["--no-such-option"], ["--no-such-option"]),
 ]

@@ -4,7 +4,9 @@ Methods: `plain` (our runner, no speculation), `hf_assisted` (transformers' assi
 same target and the small draft model: the peer), `hf_prompt_lookup` (transformers' prompt lookup decoding),
 `ar_draft` (our loop, same draft model), `ngram` (prompt lookup), and part 2's DSpark drafters by name:
 `dflash` (head none), `dspark_markov`, `dspark_rnn`, with an optional `/scheduler` suffix
-(`dspark_markov/prefix`). Rows follow DESIGN.md section 3.
+(`dspark_markov/prefix`) and an optional `@block` suffix: a static block length (`dspark_markov@4`) or the learned
+block-length policy (`dspark_markov/prefix@learned`, spec.gamma_policy_path from --config). Rows follow DESIGN.md
+section 3.
 """
 
 from __future__ import annotations
@@ -31,7 +33,12 @@ SCHEDULERS = ("verify_all", "threshold", "prefix", "async_topk", "learned")  # v
 
 def method_params(name: str, config: EngineConfig) -> dict[str, Any]:
     """Engine parameters of an engine-backed method name; DSparkError for an unknown one."""
-    base, _, sched = name.partition("/")
+    rest, _, gamma = name.partition("@")
+    base, _, sched = rest.partition("/")
+    if gamma and gamma != "learned" and not (gamma.isdigit() and 1 <= int(gamma) <= 16):
+        raise DSparkError(f"method {name!r}: block suffix {gamma!r} must be 1..16 or 'learned'")
+    if gamma and base not in HEADS:
+        raise DSparkError(f"method {name!r}: a block suffix applies to DSpark methods ({', '.join(HEADS)})")
     if sched and sched not in SCHEDULERS:
         raise DSparkError(f"method {name!r}: unknown scheduler {sched!r}; use one of {', '.join(SCHEDULERS)}")
     if base == "plain":
@@ -47,6 +54,10 @@ def method_params(name: str, config: EngineConfig) -> dict[str, Any]:
         raise DSparkError(f"unknown bench method {name!r}; choose from {known} (DSpark ones may add /scheduler)")
     if sched:
         params["spec.scheduler"] = sched
+    if gamma == "learned":
+        params["spec.gamma_policy"] = "learned"
+    elif gamma:
+        params["spec.block_size"] = int(gamma)
     return params
 
 

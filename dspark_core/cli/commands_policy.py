@@ -1,5 +1,6 @@
-"""CLI command `train-policy`: the learned verification-length scheduler from round logs
-(dspark_core/training/train_policy.py; the scheduler is dspark_core/verification/learned.py)."""
+"""CLI commands `train-policy` and `train-gamma-policy`: the learned verification length and block length from round
+logs (dspark_core/training/train_policy.py, train_gamma.py; the policies are in dspark_core/verification/learned.py,
+gamma_policy.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ import typer
 
 def register(app: typer.Typer) -> None:
     app.command("train-policy")(train_policy_cmd)
+    app.command("train-gamma-policy")(train_gamma_cmd)
+
+
+def _progress(label: str, quiet: bool):  # noqa: ANN202 - rich Progress
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    cols = (TextColumn(label), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
+    return Progress(*cols, disable=quiet, transient=True)
 
 
 def train_policy_cmd(
@@ -26,15 +35,12 @@ def train_policy_cmd(
     """Train `spec.scheduler: learned` from logged rounds; compare it with verify_all and prefix on held-out ones."""
     import torch
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dspark_core.training.train_policy import load_rounds, train_policy
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     data = load_rounds(logs)
-    cols = (TextColumn("pricing logit shifts"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn())
-    with Progress(*cols, disable=as_json, transient=True) as progress:
+    with _progress("pricing logit shifts", as_json) as progress:
         task = progress.add_task("shifts", total=None)
         policy, scores = train_policy(data, heldout=heldout,
                                       on_step=lambda i, n: progress.update(task, completed=i, total=n))
@@ -51,3 +57,39 @@ def train_policy_cmd(
             f"oracle (knows each acceptance) {scores['oracle']:.1f}")
     c.print(f"mean verify length: prefix {scores['mean_verified_prefix']:.2f}, "
             f"learned {scores['mean_verified_learned']:.2f}; logit shift {scores['shift']:+.2f}")
+
+
+def train_gamma_cmd(
+    logs: Annotated[list[Path], typer.Argument(help="Round logs (spec.round_log) of the same traffic at two block "
+                                               "lengths or more, one under spec.scheduler=verify_all at the longest.")],
+    out: Annotated[Path, typer.Option(help="Policy JSON to write (spec.gamma_policy_path).")] = Path("gamma.json"),
+    heldout: Annotated[float, typer.Option(min=0.0, max=0.9, help="Share of each log's last rounds kept out of "
+                                           "training to compare the policies on.")] = 0.2,
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
+) -> None:
+    """Train `spec.gamma_policy: learned` from logged rounds; compare it with every static block on held-out ones."""
+    import torch
+    from rich.console import Console
+
+    from dspark_core.training.train_gamma import load_gamma_rounds, train_gamma_policy
+
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    rounds = load_gamma_rounds(logs, heldout)
+    with _progress("pricing logit shifts", as_json) as progress:
+        task = progress.add_task("shifts", total=None)
+        policy, scores = train_gamma_policy(rounds, on_step=lambda i, n: progress.update(task, completed=i, total=n))
+    policy.trained_on["logs"] = ",".join(p.name for p in logs)
+    policy.save(out)
+    report = {"policy": str(out), **scores}
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        return
+    c = Console()
+    g = policy.gamma_max
+    c.print(f"wrote {out}: {scores['rounds_train']} rounds trained on, {scores['rounds_heldout']} held out")
+    c.print("held-out throughput priced on the logs (tokens / modelled second): "
+            + ", ".join(f"block {k} {scores[f'static_{k}']:.1f}" for k in range(g + 1))
+            + f"; learned {scores['learned']:.1f} (mean block {scores['mean_block_learned']:.2f}, plain "
+            f"{scores['plain_share_learned']:.0%} of rounds); per-round oracle {scores['oracle']:.1f}")
+    c.print(f"drafting cost (s): {dict(zip(policy.cost_terms, [round(v, 5) for v in policy.cost], strict=True))}; "
+            f"logit shift {policy.shift:+.2f}")

@@ -142,21 +142,14 @@ def split(data: RoundData, heldout: float) -> tuple[torch.Tensor, torch.Tensor]:
     return train, (held.nonzero().flatten() if held.any() else train)
 
 
-def fit_acceptance(data: RoundData, train: torch.Tensor, l2: float = 1e-3) -> tuple[torch.Tensor, ...]:
-    """Logistic model of P(position j survives | positions < j survived) on the training rounds' seen positions
-    (j < min(avail, accepted + 1)); returns mean, scale, weights."""
-    in_train = torch.isin(data.round_of, train)
-    seen = torch.minimum(data.avail, data.accepted + 1)
-    pos = torch.arange(data.x.shape[1])[None]
-    mask = (pos < seen[:, None]) & in_train[:, None]
-    x, y = data.x[mask], (pos < data.accepted[:, None]).expand_as(mask)[mask].float()
-    if len(y) == 0:
-        raise DSparkError("the training rounds verified no draft token; log more rounds")
+def fit_logistic(x: torch.Tensor, y: torch.Tensor, l2: float = 1e-3) -> tuple[torch.Tensor, ...]:
+    """Standardised L2-regularised logistic regression by LBFGS (column 0 is the bias, left as it is);
+    returns mean, scale, weights."""
     mean, scale = x.mean(0), x.std(0)
     mean[0], scale[0] = 0.0, 1.0  # the bias stays a bias
     scale = torch.where(scale > 1e-6, scale, torch.ones_like(scale))
     z = (x - mean) / scale
-    w = torch.zeros(len(FEATURES), requires_grad=True)
+    w = torch.zeros(x.shape[1], requires_grad=True)
     opt = torch.optim.LBFGS([w], max_iter=200, line_search_fn="strong_wolfe")
 
     def closure() -> torch.Tensor:
@@ -167,6 +160,19 @@ def fit_acceptance(data: RoundData, train: torch.Tensor, l2: float = 1e-3) -> tu
 
     opt.step(closure)
     return mean, scale, w.detach()
+
+
+def fit_acceptance(data: RoundData, train: torch.Tensor, l2: float = 1e-3) -> tuple[torch.Tensor, ...]:
+    """Logistic model of P(position j survives | positions < j survived) on the training rounds' seen positions
+    (j < min(avail, accepted + 1)); returns mean, scale, weights."""
+    in_train = torch.isin(data.round_of, train)
+    seen = torch.minimum(data.avail, data.accepted + 1)
+    pos = torch.arange(data.x.shape[1])[None]
+    mask = (pos < seen[:, None]) & in_train[:, None]
+    x, y = data.x[mask], (pos < data.accepted[:, None]).expand_as(mask)[mask].float()
+    if len(y) == 0:
+        raise DSparkError("the training rounds verified no draft token; log more rounds")
+    return fit_logistic(x, y, l2)
 
 
 def train_policy(data: RoundData, *, heldout: float = 0.2, on_step: Callable[[int, int], None] | None = None

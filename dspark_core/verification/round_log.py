@@ -44,6 +44,8 @@ class RoundRecord(BaseModel):
     recent_acceptance: list[float]  # [request]: rolling per-position acceptance before the round
     verified: list[int]  # [request]: draft tokens verified
     accepted: list[int]  # [request]: accepted prefix of the verified drafts
+    drafted: list[int] = []  # [request]: tokens drafted this round (logs before this field: = verified)
+    text: list[list[float]] = []  # [request]: gamma_policy.TEXT_FEATURES of its committed tokens before the round
     batch_tokens: int  # sum(verified + 1)
     seconds: float  # the round, from the first gamma() call to observe()
 

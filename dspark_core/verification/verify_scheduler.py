@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dspark_core.errors import DSparkError
+from dspark_core.verification.gamma_policy import NO_CLASSES, GammaPolicyFile, TokenClasses, choose_block, text_features
 from dspark_core.verification.learned import PRIOR_ACCEPT, LearnedScheduler, PolicyFile, RoundContext
 from dspark_core.verification.regulator import GammaRegulator, RegulatorConfig
 from dspark_core.verification.round_log import RoundLog, RoundRecord
@@ -41,6 +42,9 @@ class EngineScheduler:
     ema: float = 0.2  # weight of the newest round in the overhead estimate
     log: RoundLog | None = None  # spec.round_log: every round's features and outcome, for train-policy
     waiting: int = 0  # requests queued behind the running ones (the engine sets it before each round)
+    gamma_policy: GammaPolicyFile | None = None  # spec.gamma_policy learned: picks each round's block
+    sps: SpsTable | None = None  # the table the gamma policy prices rounds with
+    classes: TokenClasses = NO_CLASSES  # token classes of the text features (the engine sets them from its tokenizer)
     _round_start: float | None = field(default=None, repr=False)  # first gamma() call of the current round
     _batch: int | None = field(default=None, repr=False)  # verify tokens chosen this round
     _seen: dict | None = field(default=None, repr=False)  # what choose() saw, for the round log
@@ -68,7 +72,22 @@ class EngineScheduler:
 
     def _features(self) -> bool:
         """Whether anything reads the per-round features (entropies, rolling acceptance): learned policy, log."""
-        return self.log is not None or isinstance(self.policy, LearnedScheduler)
+        return self.log is not None or isinstance(self.policy, LearnedScheduler) or self.gamma_policy is not None
+
+    def _recent(self, slot: int) -> float:
+        hits, trials = self.acceptance.get(slot, (PRIOR_ACCEPT, 1.0))
+        return hits / trials
+
+    def round_block(self, running: list[tuple[int, list[int], int]], block: int) -> int:
+        """This round's block for (slot, committed tokens, tokens it may still draft) per request: the learned
+        gamma policy's pick in 0..block (`block` itself without a policy)."""
+        if self.gamma_policy is None or self.sps is None or not running:
+            return block
+        g = min(block, self.gamma_policy.gamma_max)
+        survival = [self.gamma_policy.survival(self._recent(slot), text_features(toks, self.classes), g)
+                    for slot, toks, _ in running]
+        caps = [max(0, min(cap, self.regulator.gamma_for(slot))) for slot, _, cap in running]
+        return choose_block(self.gamma_policy, self.sps, survival, caps, g)
 
     def gamma(self, slot: int, default: int) -> int:
         if self._round_start is None:
@@ -84,15 +103,16 @@ class EngineScheduler:
         if self._features():
             ent = proposal.entropy.tolist() if proposal.entropy is not None else [[] for _ in rows]
             ent = [row[:n] for row, n in zip(ent, nums, strict=True)]
-            recent = [hits / trials for hits, trials in
-                      (self.acceptance.get(r.slot, (PRIOR_ACCEPT, 1.0)) for r in requests)]
+            recent = [self._recent(r.slot) for r in requests]
             if isinstance(self.policy, LearnedScheduler):
                 self.policy.context = RoundContext(recent_acceptance=recent, entropy=ent)
         lengths = self.policy.schedule(rows)
         self._batch = sum(lengths) + len(rows)  # ragged verify batch in tokens
         if self.log is not None:
             self._seen = dict(running=len(rows), waiting=self.waiting, confidence=rows, entropy=ent,
-                              recent_acceptance=recent, verified=list(lengths), batch_tokens=self._batch)
+                              recent_acceptance=recent, verified=list(lengths), batch_tokens=self._batch,
+                              drafted=list(proposal.num),
+                              text=[text_features(r.tokens, self.classes) for r in requests])
         return lengths
 
     def observe(self, results: list[RoundResult]) -> None:
@@ -192,8 +212,13 @@ def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTabl
     if spec.scheduler == "learned" and not spec.policy_path:
         raise DSparkError("spec.scheduler is 'learned' but spec.policy_path is empty; train a policy with "
                           "`python cli.py train-policy` and set spec.policy_path to its JSON")
+    if spec.gamma_policy == "learned" and not spec.gamma_policy_path:
+        raise DSparkError("spec.gamma_policy is 'learned' but spec.gamma_policy_path is empty; train a policy with "
+                          "`python cli.py train-gamma-policy` and set spec.gamma_policy_path to its JSON")
+    gamma_policy = GammaPolicyFile.load(spec.gamma_policy_path) \
+        if spec.gamma_policy == "learned" and spec.gamma_policy_path else None
     logging = spec.round_log is not None
-    if sps is None and (spec.scheduler in ("prefix", "async_topk", "learned") or logging):
+    if sps is None and (spec.scheduler in ("prefix", "async_topk", "learned") or logging or gamma_policy):
         max_tokens = config.batch.max_requests * (min(spec.block_size, spec.max_verify_tokens) + 1)
         sps = SpsTable.load(spec.sps_path) if spec.sps_path else \
             profile_target_sps(target, max_tokens, rows=config.batch.max_requests,
@@ -205,4 +230,5 @@ def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTabl
     else:
         policy = make_scheduler(spec.scheduler, sps=sps, threshold=spec.confidence_threshold)
     log = RoundLog(Path(spec.round_log), spec.block_size, spec.scheduler, sps) if logging and sps else None
-    return EngineScheduler(policy=policy, regulator=reg, max_verify=spec.max_verify_tokens, log=log)
+    return EngineScheduler(policy=policy, regulator=reg, max_verify=spec.max_verify_tokens, log=log,
+                           gamma_policy=gamma_policy, sps=sps)

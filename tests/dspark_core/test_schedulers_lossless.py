@@ -120,7 +120,9 @@ def _world(seed: int) -> tuple[list[list[float]], list[list[list[float]]], list[
 WORLD_SPS = SpsTable.from_probes([(1, 1.0), (2, 0.5), (3, 0.45), (4, 0.44), (5, 0.3), (8, 0.29)])
 
 
-def _simulate(scheduler_name: str, n: int, seed: int) -> tuple[Counter, Counter]:
+def _simulate(scheduler_name: str, n: int, seed: int,
+              block: Callable[[list[list[int]]], int] | None = None) -> tuple[Counter, Counter]:
+    """`block`: the round's block length from the committed outputs (default: always GAMMA)."""
     target, draft, conf = _world(seed=5)
     if scheduler_name == "prefix_without_early_stop":
         def schedule(rows: list[list[float]]) -> list[int]:
@@ -137,10 +139,11 @@ def _simulate(scheduler_name: str, n: int, seed: int) -> tuple[Counter, Counter]
         while any(len(o) < N_OUT for o in outs):
             active = [r for r in range(2) if len(outs[r]) < N_OUT]
             drafts, qs, rows = [], [], []
+            g = block([outs[r] for r in active]) if block is not None else GAMMA
             for r in active:
                 prev = outs[r][-1] if outs[r] else START
                 xs, q, cs = [], [], []
-                for k in range(GAMMA):
+                for k in range(g):
                     cs.append(conf[k][prev])
                     q.append(draft[k][prev])
                     prev = _sample(rng, draft[k][prev])
@@ -165,9 +168,9 @@ def _exact(target: list[list[float]]) -> dict[tuple[int, ...], float]:
     return probs
 
 
-def _worst_deviation(name: str, n: int) -> tuple[float, str]:
+def _worst_deviation(name: str, n: int, block: Callable[[list[list[int]]], int] | None = None) -> tuple[float, str]:
     """Largest deviation of an output-sequence frequency from the target, in standard errors."""
-    counts = _simulate(name, n, seed=21)
+    counts = _simulate(name, n, seed=21, block=block)
     worst, where = 0.0, ""
     for r in range(2):
         for seq, p in _exact(_world(seed=5)[0]).items():
@@ -183,6 +186,36 @@ def _worst_deviation(name: str, n: int) -> tuple[float, str]:
 def test_sampled_outputs_follow_the_target_with_two_requests(name: str) -> None:
     z, where = _worst_deviation(name, 20_000)
     assert z < 4.5, f"{name}: {where}"
+
+
+def test_a_learned_block_length_keeps_the_target_distribution() -> None:
+    """The learned gamma policy picks each round's block (0 = plain step .. GAMMA) from the committed text; whatever
+    it picks, the sampled outputs follow the target."""
+    from dspark_core.verification.gamma_policy import (
+        COST_TERMS,
+        GAMMA_FEATURES,
+        GammaPolicyFile,
+        TokenClasses,
+        choose_block,
+        text_features,
+    )
+
+    # acceptance rises with the share of token 0 ("symbol") in the recent text, so the block follows the text
+    policy = GammaPolicyFile(features=list(GAMMA_FEATURES), mean=[0.0] * 6, scale=[1.0] * 6,
+                             weights=[-2.0, 0.0, 0.0, 0.0, 0.0, 6.0], cost_terms=list(COST_TERMS),
+                             cost=[0.2, 0.0, 0.1, 0.0], gamma_max=GAMMA)
+    classes = TokenClasses(newline=frozenset(), symbol=frozenset({0}))
+    picked: Counter = Counter()
+
+    def block(outs: list[list[int]]) -> int:
+        surv = [policy.survival(0.5, text_features([START, *o], classes), GAMMA) for o in outs]
+        g = choose_block(policy, WORLD_SPS, surv, [GAMMA] * len(outs), GAMMA)
+        picked[g] += 1
+        return g
+
+    z, where = _worst_deviation("verify_all", 20_000, block)
+    assert z < 4.5, where
+    assert len(picked) >= 2, picked  # the block did change with the text
 
 
 def test_the_random_world_detects_the_retrospective_search() -> None:

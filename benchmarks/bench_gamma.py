@@ -1,0 +1,117 @@
+"""The learned block length against static blocks on mixed code + chat traffic (SmolLM2-135M, bf16, this CPU).
+
+Usage: python benchmarks/bench_gamma.py [--limit 8] [--train-prompts 12] [--max-new-tokens 128] [--repeats 2]
+Needs `python cli.py models fetch smollm2-135m` and the committed SmolLM2 markov drafter. Runs, all through the CLI:
+1. round logs of training traffic (standard-library code windows, the drafters' sources, and chat questions written
+   here, none of them held out), code and chat interleaved, dspark_markov/verify_all at blocks 2, 4 and 8 (the cost of
+   a block length needs two lengths or more; block 8 gives full information), concurrency 1 and 8;
+2. `cli.py train-gamma-policy` on the logs -> dspark_core/assets/smollm2-135m/gamma_cpu_bf16_markov.json;
+3. `cli.py bench` on held-out code and chat prompts interleaved, concurrency 1 and 8: plain, static blocks 2, 4, 8
+   and the learned block in one run each;
+then writes results/smollm2_gamma.json and the RESULTS.md section between the `gamma` markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bench_learned import MODEL, run, train_prompts
+from results_md import bench_table, write_section
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+POLICY = ROOT / "dspark_core" / "assets" / MODEL / "gamma_cpu_bf16_markov.json"
+BLOCKS = (2, 4, 8)
+METHODS = ",".join(["plain", *(f"dspark_markov/verify_all@{b}" for b in BLOCKS), "dspark_markov/verify_all@learned"])
+CHAT_TRAIN = (  # training-only chat questions (the held-out ones are benchmarks/prompts/heldout_chat.jsonl)
+    "What is photosynthesis?", "Write a haiku about autumn leaves.", "How do I make a cup of green tea?",
+    "Explain what a budget is and why it helps.", "Tell me a fun fact about octopuses.",
+    "What are good ways to learn a new language?", "Describe the water cycle.", "How does a compass work?",
+    "Give three ideas for a rainy day at home.", "What is the capital of France and what is it known for?",
+    "Write a thank-you note to a teacher.", "Why do leaves change colour in the fall?",
+    "How can I improve my sleep?", "What does a librarian do?", "Explain gravity in simple words.",
+    "Suggest a short workout for beginners.",
+)
+
+
+def chat(question: str) -> str:
+    return f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def mixed(code: list[dict], chats: list[dict], path: Path) -> Path:
+    """Code and chat prompts interleaved (code, chat, code, ...), so every run and batch sees both."""
+    rows = [r for pair in zip(code, chats, strict=False) for r in pair]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def bench(args: argparse.Namespace, prompts: Path, methods: str, c: int, block: int, config: Path, limit: int,
+          repeats: int) -> tuple[dict, str]:
+    return run([sys.executable, "cli.py", "bench", "--model", MODEL, "--dtype", "bf16", "--prompts", str(prompts),
+                "--limit", str(limit), "--max-new-tokens", str(args.max_new_tokens), "--methods", methods,
+                "--repeats", str(repeats), "--block-size", str(block), "--threads", str(args.threads),
+                "--concurrency", str(c), "--config", str(config), "--json"], config.parent)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--limit", type=int, default=8, help="held-out prompts per domain in the bench runs")
+    ap.add_argument("--train-prompts", type=int, default=12, help="training prompts per domain in the logging runs")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--concurrency", default="1,8")
+    ap.add_argument("--skip-logs", type=Path, help="reuse the logs and policy of an earlier run's scratch folder")
+    args = ap.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    work = args.skip_logs or Path(tempfile.mkdtemp(prefix="bench_gamma."))
+    logs = sorted(work.glob("rounds_*.jsonl"))
+    if not args.skip_logs:
+        code = [json.loads(line) for line in train_prompts(args.train_prompts, work / "code.jsonl").read_text()
+                .splitlines()]
+        chats = [{"prompt": chat(q), "domain": "chat"} for q in CHAT_TRAIN[: args.train_prompts]]
+        train = mixed(code, chats, work / "train.jsonl")
+        for c in levels:
+            for b in BLOCKS:
+                log = work / f"rounds_c{c}_b{b}.jsonl"
+                cfg = work / f"log_c{c}_b{b}.yaml"
+                cfg.write_text(f"spec:\n  round_log: {json.dumps(str(log))}\n")
+                bench(args, train, "dspark_markov/verify_all", c, b, cfg, 2 * args.train_prompts, 1)
+                logs.append(log)
+    trained, train_cmd = run([sys.executable, "cli.py", "train-gamma-policy", *map(str, logs), "--out", str(POLICY),
+                              "--json"], work)
+    held = mixed([json.loads(x) for x in (HERE / "prompts" / "heldout_code.jsonl").read_text().splitlines()],
+                 [json.loads(x) for x in (HERE / "prompts" / "heldout_chat.jsonl").read_text().splitlines()],
+                 work / "heldout_mixed.jsonl")
+    cfg = work / "learned.yaml"
+    cfg.write_text(f"spec:\n  gamma_policy_path: {json.dumps(str(POLICY))}\n")
+    results = {c: bench(args, held, METHODS, c, max(BLOCKS), cfg, 2 * args.limit, args.repeats) for c in levels}
+    out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "train_gamma_policy": trained,
+           **{f"c{c}": r for c, (r, _) in results.items()}}
+    (HERE / "results" / "smollm2_gamma.json").write_text(json.dumps(out, indent=2) + "\n")
+    statics = ", ".join(f"block {b} {trained[f'static_{b}']:.1f}" for b in range(max(BLOCKS) + 1))
+    text = [f"## Learned block length vs static blocks, code + chat (SmolLM2-135M, bf16, this CPU, {out['date'][:10]})",
+            "", "`python benchmarks/bench_gamma.py` ($WORK is its scratch folder: the training prompts, the round logs "
+            "and the configs).", "",
+            f"Policy trained on round logs of training traffic (`{train_cmd}`); held-out rounds priced on the logs "
+            f"(tokens per modelled second; block 0 = plain decoding): {statics}; learned {trained['learned']:.1f} "
+            f"(mean block {trained['mean_block_learned']:.2f}, plain in {trained['plain_share_learned']:.0%} of "
+            f"rounds); per-round oracle {trained['oracle']:.1f}.", ""]
+    for c, (r, shown) in results.items():
+        text += [f"Concurrency {c}, held-out code and chat prompts interleaved: `{shown}`", "", bench_table(r), ""]
+    write_section("gamma", "\n".join(text))
+    for c, (r, _) in results.items():
+        rate = {m["name"]: m["tokens_per_s"] for m in r["methods"]}
+        best = max(BLOCKS, key=lambda b: rate[f"dspark_markov/verify_all@{b}"])
+        print(f"c{c}: learned / best static (block {best}) = "
+              f"{rate['dspark_markov/verify_all@learned'] / rate[f'dspark_markov/verify_all@{best}']:.3f}, "
+              f"learned / plain = {rate['dspark_markov/verify_all@learned'] / rate['plain']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""Train the learned block length (`spec.gamma_policy: learned`) from round logs: a model-based contextual bandit.
+
+Context: per request, the text features of its committed tokens and its rolling acceptance (gamma_policy.py).
+Action: the round's block G in 0..gamma_max (0 = a plain step). Reward: committed tokens per second of the batch.
+Two models are fitted, then one parameter on the reward itself:
+- acceptance: a logistic model of P(position j survives | positions < j survived) on every position whose outcome a
+  log shows (j <= min(verified, accepted + 1));
+- drafting cost: the round's measured seconds beyond the log's SPS step at its verify batch, as an affine function
+  of (1, rows, G, rows x G), fitted to the median per (rows, G) cell. It needs logs at two block lengths or more
+  (log the same traffic at, e.g., block 2, 4 and 8): one length says nothing about the per-position cost.
+- a logit shift on the acceptance estimates, chosen by the priced throughput of the training rounds.
+Pricing a round under another block: a full-information round (logged under verify_all, every drafted token verified)
+commits min(G, drafted, accepted) + 1 tokens per request at block G, exactly: the first G drafted tokens do not depend
+on the block (the backbone always runs the trained block; the head samples left to right). The score of a policy is
+sum(tokens) / sum(modelled seconds) over the held-out rounds (the last share of each log).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dspark_core.errors import DSparkError
+from dspark_core.training.train_policy import SHIFTS, fit_logistic
+from dspark_core.verification.gamma_policy import (
+    COST_TERMS,
+    GAMMA_FEATURES,
+    GammaPolicyFile,
+    choose_block,
+    feature_row,
+)
+from dspark_core.verification.round_log import read_log
+from dspark_core.verification.sps import SpsTable
+
+
+@dataclass
+class GammaRound:
+    """One logged round, as the block-length policy sees it."""
+
+    drafted: list[int]  # [request] tokens drafted
+    verified: list[int]  # [request] tokens verified
+    accepted: list[int]  # [request] accepted prefix
+    recent: list[float]  # [request] rolling acceptance before the round
+    text: list[list[float]]  # [request] text features before the round
+    seconds: float  # measured round
+    batch_tokens: int  # verify batch
+    sps: SpsTable  # the log's table
+    full: bool  # logged under verify_all with every drafted token verified: priceable at any block <= drafted
+    log: int  # which log
+    heldout: bool = False  # in the last share of its log
+
+    @property
+    def rows(self) -> int:
+        return len(self.drafted)
+
+
+def load_gamma_rounds(paths: Sequence[str | Path], heldout: float = 0.2) -> list[GammaRound]:
+    """Rounds of every log that drafted; the last `heldout` share of each log is marked held out."""
+    out: list[GammaRound] = []
+    for i, path in enumerate(paths):
+        header, records = read_log(path)
+        sps = SpsTable.from_probes(zip(header.sps.sample_batch_tokens, header.sps.sample_steps_per_sec,
+                                       strict=True), header.sps.max_batch_tokens)
+        kept = []
+        for n, rec in enumerate(records):
+            drafted = rec.drafted or rec.verified
+            if not any(drafted):
+                continue
+            if len(rec.text) != rec.running:
+                raise DSparkError(f"{path}: round {n + 1} has no text features (a log written before "
+                                  "gamma_policy existed); log the traffic again")
+            full = header.scheduler == "verify_all" and rec.verified == drafted
+            kept.append(GammaRound(drafted=drafted, verified=rec.verified, accepted=rec.accepted,
+                                   recent=rec.recent_acceptance, text=rec.text, seconds=rec.seconds,
+                                   batch_tokens=rec.batch_tokens, sps=sps, full=full, log=i))
+        for k, r in enumerate(kept):
+            r.heldout = heldout > 0 and len(kept) > 1 and k >= len(kept) * (1.0 - heldout)
+        out += kept
+    if not out:
+        raise DSparkError(f"no speculative rounds in {', '.join(map(str, paths))}; log a run that drafts "
+                          "(a DSpark drafter, spec.round_log set)")
+    return out
+
+
+def fit_cost(rounds: Sequence[GammaRound]) -> list[float]:
+    """Drafting seconds = c . (1, rows, G, rows x G), >= 0 coefficients, on per-(rows, G) medians of the residual."""
+    cells: dict[tuple[int, int], list[float]] = {}
+    for r in rounds:
+        g = max(r.drafted)
+        cells.setdefault((r.rows, g), []).append(r.seconds - 1.0 / r.sps.lookup(r.batch_tokens))
+    if len({g for _, g in cells}) < 2:
+        raise DSparkError("the logs show one block length only, which cannot price a longer or shorter block; log "
+                          "the same traffic at two block lengths or more (e.g. spec.block_size 2, 4, 8)")
+    keys = sorted(cells)
+    feats = torch.tensor([[1.0, rows, g, rows * g] for rows, g in keys], dtype=torch.float64)
+    y = torch.tensor([statistics.median(cells[k]) for k in keys], dtype=torch.float64)
+    wts = torch.tensor([math.sqrt(len(cells[k])) for k in keys], dtype=torch.float64)
+    active = [0, 2] if len({rows for rows, _ in keys}) < 2 else [0, 1, 2, 3]  # one batch size: no row terms
+    while True:
+        sol = torch.linalg.lstsq(feats[:, active] * wts[:, None], y * wts).solution
+        neg = [a for a, c in zip(active, sol.tolist(), strict=True) if c < 0]
+        if not neg or len(active) == 1:
+            break
+        active = [a for a in active if a != neg[0]]  # a negative cost term is noise: drop it and refit
+    coef = [0.0] * len(COST_TERMS)
+    for a, c in zip(active, sol.tolist(), strict=True):
+        coef[a] = max(0.0, c)
+    return coef
+
+
+def _logits(policy: GammaPolicyFile, r: GammaRound, gamma: int) -> list[list[float]]:
+    """Acceptance logits (no shift) per request and position 1..gamma."""
+    return [[sum(w * (x - m) / s for w, x, m, s in zip(policy.weights, feature_row(j, rec, txt), policy.mean,
+                                                       policy.scale, strict=True)) for j in range(1, gamma + 1)]
+            for rec, txt in zip(r.recent, r.text, strict=True)]
+
+
+def _survival(logits: list[list[float]], shift: float) -> list[list[float]]:
+    out = []
+    for row in logits:
+        alive, surv = 1.0, []
+        for z in row:
+            alive /= 1.0 + math.exp(-max(-60.0, min(60.0, z + shift)))
+            surv.append(alive)
+        out.append(surv)
+    return out
+
+
+def priced(policy: GammaPolicyFile, r: GammaRound, g: int) -> tuple[float, float]:
+    """(committed tokens, modelled seconds) of full-information round r had it drafted block g."""
+    lens = [min(g, d) for d in r.drafted]
+    toks = sum(1 + min(n, a) for n, a in zip(lens, r.accepted, strict=True))
+    batch = min(r.rows + sum(lens), r.sps.max_batch_tokens)
+    return float(toks), 1.0 / r.sps.lookup(batch) + policy.draft_seconds(r.rows, g)
+
+
+def score(policy: GammaPolicyFile, rounds: Sequence[GammaRound], pick: Callable[[int, GammaRound], int]) -> float:
+    """Committed tokens per modelled second over `rounds` when round i drafts block pick(i, round)."""
+    toks = secs = 0.0
+    for i, r in enumerate(rounds):
+        t, s = priced(policy, r, pick(i, r))
+        toks, secs = toks + t, secs + s
+    return toks / secs if secs else 0.0
+
+
+def train_gamma_policy(rounds: list[GammaRound], on_step: Callable[[int, int], None] | None = None
+                       ) -> tuple[GammaPolicyFile, dict[str, float]]:
+    """Fit on the training rounds; compare every static block, the learned pick and a per-round oracle on the
+    held-out full-information rounds."""
+    train = [r for r in rounds if not r.heldout]
+    gmax = max(max(r.drafted) for r in rounds)
+    x, y = [], []
+    for r in train:
+        for d, v, a, rec, txt in zip(r.drafted, r.verified, r.accepted, r.recent, r.text, strict=True):
+            for j in range(1, min(d, v, a + 1) + 1):
+                x.append(feature_row(j, rec, txt))
+                y.append(float(j <= a))
+    if not y:
+        raise DSparkError("the training rounds verified no draft token; log more rounds")
+    mean, scale, w = fit_logistic(torch.tensor(x), torch.tensor(y))
+    policy = GammaPolicyFile(features=list(GAMMA_FEATURES), mean=mean.tolist(), scale=scale.tolist(),
+                             weights=w.tolist(), cost_terms=list(COST_TERMS), cost=fit_cost(rounds), gamma_max=gmax)
+    full_train = [r for r in train if r.full and max(r.drafted) == gmax]
+    test = [r for r in rounds if r.heldout and r.full and max(r.drafted) == gmax]
+    if not full_train or not test:
+        raise DSparkError(f"no full-information rounds at block {gmax} to price the policy on; log one run under "
+                          "spec.scheduler verify_all at the longest block")
+    logits = {id(r): _logits(policy, r, gmax) for r in [*full_train, *test]}
+
+    def learned(shift: float) -> Callable[[int, GammaRound], int]:
+        return lambda _, r: choose_block(policy, r.sps, _survival(logits[id(r)], shift), r.drafted, gmax)
+
+    best = -1.0
+    for i, s in enumerate(SHIFTS):
+        val = score(policy, full_train, learned(s))
+        if val > best:
+            best, policy.shift = val, s
+        if on_step is not None:
+            on_step(i + 1, len(SHIFTS))
+    static = {g: score(policy, test, lambda _, r, g=g: g) for g in range(gmax + 1)}
+    best_static = max(static, key=lambda g: static[g])
+    picks = [learned(policy.shift)(0, r) for r in test]
+    scores: dict[str, float] = {
+        **{f"static_{g}": v for g, v in static.items()}, "best_static_block": best_static,
+        "best_static": static[best_static], "learned": score(policy, test, lambda i, _: picks[i]),
+        "oracle": score(policy, test, lambda _, r: max(range(gmax + 1), key=lambda g: _ratio(policy, r, g))),
+        "learned_train": best, "shift": policy.shift, "rounds_train": len(train), "rounds_heldout": len(test),
+        "mean_block_learned": statistics.fmean(picks), "plain_share_learned": picks.count(0) / len(picks)}
+    policy.trained_on = {k: round(v, 4) if isinstance(v, float) else v for k, v in scores.items()}
+    return policy, scores
+
+
+def _ratio(policy: GammaPolicyFile, r: GammaRound, g: int) -> float:
+    t, s = priced(policy, r, g)
+    return t / s

@@ -1,0 +1,175 @@
+"""The learned block length (`spec.gamma_policy: learned`): how many tokens the next round drafts, from the text.
+
+The seed's dynamic block-length regulator lengthens gamma for structured text such as code. Built as a model-based
+contextual bandit, like the learned verify length (learned.py): a logistic model estimates P(position j survives |
+positions < j survived) for the round about to be drafted from what the request's recent text and rounds show (the
+token-class statistics of its last tokens, how much of it repeats earlier context, its rolling acceptance, the
+position j), and the round's block G is the one that maximises the expected committed tokens of the whole batch per
+modelled second. The seconds are the SPS table's target step at the verify batch plus the drafting cost, a fitted
+affine function of G and of rows x G (the backbone runs once per round whatever G is; the LM head and the sequential
+head run per drafted position), and G = 0 is a plain decoding step (no drafting at all). The engine drafts one block
+for the batch (the backbone and the head run on [rows, G]), so the choice is per round.
+
+Losslessness: G is chosen before the round is drafted, from committed tokens and past rounds only, so it cannot
+depend on the draft tokens it would verify; any choice of block leaves the output distribution the target's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from dspark_core.atomic import atomic_write_text
+from dspark_core.errors import DSparkError
+
+if TYPE_CHECKING:
+    from dspark_core.modeling.tokenizer import Tokenizer
+    from dspark_core.verification.sps import SpsTable
+
+# per request and position, in this order; the file names them so a file from another feature set is refused
+GAMMA_FEATURES = (
+    "bias",  # 1
+    "position",  # j / 16
+    "recent_acceptance",  # the request's rolling per-position acceptance (accepted / positions seen)
+    "repeat",  # share of the last WINDOW tokens that occur in the CONTEXT tokens before them (copyable text)
+    "newline",  # share of the last WINDOW tokens whose text holds a line break (line-structured text: code)
+    "symbol",  # share of the last WINDOW tokens without a letter or digit (punctuation, operators, indentation)
+)
+TEXT_FEATURES = GAMMA_FEATURES[3:]  # what `text_features` returns
+WINDOW = 32  # recent tokens the text features describe
+CONTEXT = 256  # earlier tokens a recent token may repeat
+# drafting-cost regressors: seconds beyond the target step = c . (1, rows, G, rows * G) for a drafting round
+COST_TERMS = ("round", "row", "position", "row_position")
+
+
+@dataclass(frozen=True)
+class TokenClasses:
+    """Per token id: whether its text holds a line break, whether it has no letter or digit."""
+
+    newline: frozenset[int]
+    symbol: frozenset[int]
+
+    @classmethod
+    def from_tokenizer(cls, tok: Tokenizer) -> TokenClasses:
+        nl, sym = set(), set()
+        for i in range(tok.vocab_size):
+            s = tok.tok.id_to_token(i) or ""
+            s = s.replace("Ċ", "\n").replace("Ġ", " ")  # byte-level BPE's line break and space
+            if "\n" in s:
+                nl.add(i)
+            if not any(ch.isalnum() for ch in s):
+                sym.add(i)
+        return cls(frozenset(nl), frozenset(sym))
+
+
+NO_CLASSES = TokenClasses(frozenset(), frozenset())  # an engine without a tokenizer: class shares read 0
+
+
+def text_features(tokens: Sequence[int], classes: TokenClasses) -> list[float]:
+    """TEXT_FEATURES of a request's committed tokens (prompt included)."""
+    recent = tokens[-WINDOW:]
+    if not recent:
+        return [0.0] * len(TEXT_FEATURES)
+    start = len(tokens) - len(recent)
+    earlier = set(tokens[max(0, start - CONTEXT): start])
+    repeat = sum(t in earlier for t in recent) / len(recent)
+    newline = sum(t in classes.newline for t in recent) / len(recent)
+    symbol = sum(t in classes.symbol for t in recent) / len(recent)
+    return [repeat, newline, symbol]
+
+
+def feature_row(j: int, recent_acceptance: float, text: Sequence[float]) -> list[float]:
+    """GAMMA_FEATURES for drafted position j (1-based) of a request."""
+    return [1.0, j / 16.0, recent_acceptance, *text]
+
+
+class GammaPolicyFile(BaseModel):
+    """The JSON the bundle ships: the acceptance model, the drafting-cost fit, and what it was scored on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    features: list[str]  # must equal GAMMA_FEATURES
+    mean: list[float]  # per feature: subtracted before the dot product
+    scale: list[float]  # per feature: divided by (> 0)
+    weights: list[float]  # acceptance logit = w . ((phi - mean) / scale) + shift
+    shift: float = 0.0  # logit shift chosen by the priced throughput on the training rounds
+    cost_terms: list[str]  # must equal COST_TERMS
+    cost: list[float]  # drafting seconds = cost . (1, rows, G, rows * G)
+    gamma_max: int  # longest block the logs show (the policy never drafts more, nor more than spec.block_size)
+    trained_on: dict[str, float | int | str] = {}  # rounds, offline throughputs, data source
+
+    @model_validator(mode="after")
+    def _check(self) -> GammaPolicyFile:
+        if self.features != list(GAMMA_FEATURES):
+            raise ValueError(f"features {self.features} differ from this engine's {list(GAMMA_FEATURES)}; retrain "
+                             "the policy with `train-gamma-policy`")
+        if self.cost_terms != list(COST_TERMS) or len(self.cost) != len(COST_TERMS):
+            raise ValueError(f"cost terms must be {list(COST_TERMS)} with one coefficient each")
+        n = len(GAMMA_FEATURES)
+        for name in ("mean", "scale", "weights"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name} has {len(getattr(self, name))} entries for {n} features")
+        if any(not (s > 0.0 and math.isfinite(s)) for s in self.scale):
+            raise ValueError(f"scale must be finite and > 0, got {self.scale}")
+        if any(not math.isfinite(v) for v in [*self.mean, *self.weights, *self.cost, self.shift]):
+            raise ValueError("mean, weights, cost and shift must be finite")
+        if self.gamma_max < 1:
+            raise ValueError(f"gamma_max must be >= 1, got {self.gamma_max}")
+        return self
+
+    @classmethod
+    def load(cls, path: str | Path) -> GammaPolicyFile:
+        p = Path(path)
+        try:
+            return cls.model_validate_json(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise DSparkError(f"learned gamma policy {p} not found; train one with `python cli.py "
+                              "train-gamma-policy`") from None
+        except (ValidationError, ValueError) as e:
+            first = e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)
+            raise DSparkError(f"learned gamma policy {p} is invalid: {first}") from None
+
+    def save(self, path: str | Path) -> Path:
+        return atomic_write_text(path, self.model_dump_json(indent=2) + "\n")
+
+    def survival(self, recent_acceptance: float, text: Sequence[float], gamma: int) -> list[float]:
+        """Estimated P(positions 1..j all survive) for j = 1..gamma."""
+        out, alive = [], 1.0
+        for j in range(1, gamma + 1):
+            phi = feature_row(j, recent_acceptance, text)
+            z = self.shift + sum(w * (x - m) / s for w, x, m, s in zip(self.weights, phi, self.mean, self.scale,
+                                                                         strict=True))
+            alive *= 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
+            out.append(alive)
+        return out
+
+    def draft_seconds(self, rows: int, gamma: int) -> float:
+        """Modelled drafting cost of a round (0 for a plain step)."""
+        if gamma <= 0:
+            return 0.0
+        return max(0.0, sum(c * t for c, t in zip(self.cost, (1.0, rows, gamma, rows * gamma), strict=True)))
+
+
+def choose_block(policy: GammaPolicyFile, sps: SpsTable, survival: Sequence[Sequence[float]],
+                 caps: Sequence[int], block: int) -> int:
+    """The round's block G in 0..block maximising expected committed tokens per modelled second.
+
+    survival[r][j-1]: P(request r's positions 1..j survive); caps[r]: tokens it may still draft. A round commits
+    1 + sum_{j <= min(G, cap)} survival per request and costs the target step at the verify batch sum(min(G, cap) + 1)
+    (verify_all: the scheduler may verify fewer) plus the drafting cost.
+    """
+    rows = len(survival)
+    best_g, best = 0, -1.0
+    for g in range(0, min(block, policy.gamma_max) + 1):
+        lens = [min(g, c) for c in caps]
+        toks = sum(1.0 + sum(s[:n]) for s, n in zip(survival, lens, strict=True))
+        batch = min(rows + sum(lens), sps.max_batch_tokens)
+        secs = 1.0 / sps.lookup(batch) + policy.draft_seconds(rows, g)
+        if toks / secs > best * (1.0 + 1e-9):
+            best_g, best = g, toks / secs
+    return best_g
