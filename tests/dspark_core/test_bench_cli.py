@@ -53,3 +53,15 @@ def test_generate_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["outputs"][0]["token_ids"]) <= 8 and out["stats"]["method"] == "ar_draft"
+
+
+def test_method_suffixes_set_the_scheduler_and_the_block() -> None:
+    from dspark_core.cli.bench import method_params
+    from dspark_core.config import EngineConfig
+
+    cfg = EngineConfig()
+    assert method_params("dspark_markov/prefix@4", cfg) == {"drafter.method": "dspark", "spec.head": "markov",
+                                                            "drafter.path": None, "spec.scheduler": "prefix",
+                                                            "spec.block_size": 4}
+    assert method_params("dflash@learned", cfg)["spec.gamma_policy"] == "learned"
+    assert "spec.block_size" not in method_params("dspark_rnn", cfg)
