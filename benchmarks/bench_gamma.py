@@ -1,13 +1,14 @@
 """The learned block length against static blocks on mixed code + chat traffic (SmolLM2-135M, bf16, this CPU).
 
-Usage: python benchmarks/bench_gamma.py [--limit 8] [--train-prompts 12] [--max-new-tokens 128] [--repeats 2]
+Usage: python benchmarks/bench_gamma.py [--limit 8] [--train-prompts 8] [--max-new-tokens 128] [--repeats 2]
 Needs `python cli.py models fetch smollm2-135m` and the committed SmolLM2 markov drafter. Runs, all through the CLI:
-1. round logs of training traffic (standard-library code windows, the drafters' sources, and chat questions written
-   here, none of them held out), code and chat interleaved, dspark_markov/verify_all at blocks 2, 4 and 8 (the cost of
-   a block length needs two lengths or more; block 8 gives full information), concurrency 1 and 8;
+1. round logs of the deployment's own kind of traffic, as an operator would log it: code and chat prompts from the
+   held-out sets (outside the drafters' training sources) that the evaluation below never sees (code prompts 16..,
+   chat prompts 8..), interleaved, dspark_markov/verify_all at blocks 2, 4 and 8 (the cost of a block length needs two
+   lengths or more; block 8 gives full information), concurrency 1 and 8;
 2. `cli.py train-gamma-policy` on the logs -> dspark_core/assets/smollm2-135m/gamma_cpu_bf16_markov.json;
-3. `cli.py bench` on held-out code and chat prompts interleaved, concurrency 1 and 8: plain, static blocks 2, 4, 8
-   and the learned block in one run each;
+3. `cli.py bench` on the first held-out code and chat prompts interleaved, concurrency 1 and 8: plain, static blocks
+   2, 4, 8 and the learned block in one run each;
 then writes results/smollm2_gamma.json and the RESULTS.md section between the `gamma` markers.
 """
 
@@ -20,7 +21,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench_learned import MODEL, run, train_prompts
+from bench_learned import MODEL, run
 from results_md import bench_table, write_section
 
 HERE = Path(__file__).parent
@@ -28,21 +29,6 @@ ROOT = HERE.parent
 POLICY = ROOT / "dspark_core" / "assets" / MODEL / "gamma_cpu_bf16_markov.json"
 BLOCKS = (2, 4, 8)
 METHODS = ",".join(["plain", *(f"dspark_markov/verify_all@{b}" for b in BLOCKS), "dspark_markov/verify_all@learned"])
-CHAT_TRAIN = (  # training-only chat questions (the held-out ones are benchmarks/prompts/heldout_chat.jsonl)
-    "What is photosynthesis?", "Write a haiku about autumn leaves.", "How do I make a cup of green tea?",
-    "Explain what a budget is and why it helps.", "Tell me a fun fact about octopuses.",
-    "What are good ways to learn a new language?", "Describe the water cycle.", "How does a compass work?",
-    "Give three ideas for a rainy day at home.", "What is the capital of France and what is it known for?",
-    "Write a thank-you note to a teacher.", "Why do leaves change colour in the fall?",
-    "How can I improve my sleep?", "What does a librarian do?", "Explain gravity in simple words.",
-    "Suggest a short workout for beginners.",
-)
-
-
-def chat(question: str) -> str:
-    return f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
-
-
 def mixed(code: list[dict], chats: list[dict], path: Path) -> Path:
     """Code and chat prompts interleaved (code, chat, code, ...), so every run and batch sees both."""
     rows = [r for pair in zip(code, chats, strict=False) for r in pair]
@@ -60,8 +46,8 @@ def bench(args: argparse.Namespace, prompts: Path, methods: str, c: int, block: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--limit", type=int, default=8, help="held-out prompts per domain in the bench runs")
-    ap.add_argument("--train-prompts", type=int, default=12, help="training prompts per domain in the logging runs")
+    ap.add_argument("--limit", type=int, default=8, help="evaluation prompts per domain (the first of each set)")
+    ap.add_argument("--train-prompts", type=int, default=8, help="logged prompts per domain (code 16.., chat 8..)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
@@ -71,11 +57,12 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     work = args.skip_logs or Path(tempfile.mkdtemp(prefix="bench_gamma."))
     logs = sorted(work.glob("rounds_*.jsonl"))
+    code = [json.loads(x) for x in (HERE / "prompts" / "heldout_code.jsonl").read_text().splitlines()]
+    chats = [json.loads(x) for x in (HERE / "prompts" / "heldout_chat.jsonl").read_text().splitlines()]
+    if not args.limit <= 8 or not args.train_prompts <= min(len(code) - 16, len(chats) - 8):
+        sys.exit("--limit must be <= 8 and --train-prompts <= 8: evaluation and logged prompts must not overlap")
     if not args.skip_logs:
-        code = [json.loads(line) for line in train_prompts(args.train_prompts, work / "code.jsonl").read_text()
-                .splitlines()]
-        chats = [{"prompt": chat(q), "domain": "chat"} for q in CHAT_TRAIN[: args.train_prompts]]
-        train = mixed(code, chats, work / "train.jsonl")
+        train = mixed(code[16: 16 + args.train_prompts], chats[8: 8 + args.train_prompts], work / "train.jsonl")
         for c in levels:
             for b in BLOCKS:
                 log = work / f"rounds_c{c}_b{b}.jsonl"
@@ -85,9 +72,7 @@ def main() -> None:
                 logs.append(log)
     trained, train_cmd = run([sys.executable, "cli.py", "train-gamma-policy", *map(str, logs), "--out", str(POLICY),
                               "--json"], work)
-    held = mixed([json.loads(x) for x in (HERE / "prompts" / "heldout_code.jsonl").read_text().splitlines()],
-                 [json.loads(x) for x in (HERE / "prompts" / "heldout_chat.jsonl").read_text().splitlines()],
-                 work / "heldout_mixed.jsonl")
+    held = mixed(code[: args.limit], chats[: args.limit], work / "heldout_mixed.jsonl")
     cfg = work / "learned.yaml"
     cfg.write_text(f"spec:\n  gamma_policy_path: {json.dumps(str(POLICY))}\n")
     results = {c: bench(args, held, METHODS, c, max(BLOCKS), cfg, 2 * args.limit, args.repeats) for c in levels}
@@ -98,7 +83,8 @@ def main() -> None:
     text = [f"## Learned block length vs static blocks, code + chat (SmolLM2-135M, bf16, this CPU, {out['date'][:10]})",
             "", "`python benchmarks/bench_gamma.py` ($WORK is its scratch folder: the training prompts, the round logs "
             "and the configs).", "",
-            f"Policy trained on round logs of training traffic (`{train_cmd}`); held-out rounds priced on the logs "
+            f"Policy trained on round logs of other held-out prompts (code 16.., chat 8..; `{train_cmd}`); held-out "
+            "rounds priced on the logs "
             f"(tokens per modelled second; block 0 = plain decoding): {statics}; learned {trained['learned']:.1f} "
             f"(mean block {trained['mean_block_learned']:.2f}, plain in {trained['plain_share_learned']:.0%} of "
             f"rounds); per-round oracle {trained['oracle']:.1f}.", ""]

@@ -31,7 +31,7 @@ from dspark_core.verification.gamma_policy import (
     COST_TERMS,
     GAMMA_FEATURES,
     GammaPolicyFile,
-    choose_block,
+    choose_blocks,
     feature_row,
 )
 from dspark_core.verification.round_log import read_log
@@ -88,11 +88,12 @@ def load_gamma_rounds(paths: Sequence[str | Path], heldout: float = 0.2) -> list
 
 
 def fit_cost(rounds: Sequence[GammaRound]) -> list[float]:
-    """Drafting seconds = c . (1, rows, G, rows x G), >= 0 coefficients, on per-(rows, G) medians of the residual."""
+    """Drafting seconds = c . (1, rows, G, rows x G), >= 0 coefficients, on per-(rows, G) medians of the residual
+    (rows: the requests that drafted)."""
     cells: dict[tuple[int, int], list[float]] = {}
     for r in rounds:
-        g = max(r.drafted)
-        cells.setdefault((r.rows, g), []).append(r.seconds - 1.0 / r.sps.lookup(r.batch_tokens))
+        key = (sum(d > 0 for d in r.drafted), max(r.drafted))
+        cells.setdefault(key, []).append(r.seconds - 1.0 / r.sps.lookup(r.batch_tokens))
     if len({g for _, g in cells}) < 2:
         raise DSparkError("the logs show one block length only, which cannot price a longer or shorter block; log "
                           "the same traffic at two block lengths or more (e.g. spec.block_size 2, 4, 8)")
@@ -131,16 +132,16 @@ def _survival(logits: list[list[float]], shift: float) -> list[list[float]]:
     return out
 
 
-def priced(policy: GammaPolicyFile, r: GammaRound, g: int) -> tuple[float, float]:
-    """(committed tokens, modelled seconds) of full-information round r had it drafted block g."""
-    lens = [min(g, d) for d in r.drafted]
+def priced(policy: GammaPolicyFile, r: GammaRound, lens: Sequence[int]) -> tuple[float, float]:
+    """(committed tokens, modelled seconds) of full-information round r had request i drafted lens[i] tokens."""
     toks = sum(1 + min(n, a) for n, a in zip(lens, r.accepted, strict=True))
     batch = min(r.rows + sum(lens), r.sps.max_batch_tokens)
-    return float(toks), 1.0 / r.sps.lookup(batch) + policy.draft_seconds(r.rows, g)
+    return float(toks), 1.0 / r.sps.lookup(batch) + policy.draft_seconds(sum(n > 0 for n in lens), max(lens))
 
 
-def score(policy: GammaPolicyFile, rounds: Sequence[GammaRound], pick: Callable[[int, GammaRound], int]) -> float:
-    """Committed tokens per modelled second over `rounds` when round i drafts block pick(i, round)."""
+def score(policy: GammaPolicyFile, rounds: Sequence[GammaRound],
+          pick: Callable[[int, GammaRound], Sequence[int]]) -> float:
+    """Committed tokens per modelled second over `rounds` when round i drafts pick(i, round) tokens per request."""
     toks = secs = 0.0
     for i, r in enumerate(rounds):
         t, s = priced(policy, r, pick(i, r))
@@ -173,7 +174,7 @@ def train_gamma_policy(rounds: list[GammaRound], on_step: Callable[[int, int], N
     logits = {id(r): _logits(policy, r, gmax) for r in [*full_train, *test]}
 
     def learned(shift: float) -> Callable[[int, GammaRound], int]:
-        return lambda _, r: choose_block(policy, r.sps, _survival(logits[id(r)], shift), r.drafted, gmax)
+        return lambda _, r: choose_blocks(policy, r.sps, _survival(logits[id(r)], shift), r.drafted, gmax)
 
     best = -1.0
     for i, s in enumerate(SHIFTS):
@@ -182,19 +183,19 @@ def train_gamma_policy(rounds: list[GammaRound], on_step: Callable[[int, int], N
             best, policy.shift = val, s
         if on_step is not None:
             on_step(i + 1, len(SHIFTS))
-    static = {g: score(policy, test, lambda _, r, g=g: g) for g in range(gmax + 1)}
+    static = {g: score(policy, test, lambda _, r, g=g: [min(g, d) for d in r.drafted]) for g in range(gmax + 1)}
     best_static = max(static, key=lambda g: static[g])
     picks = [learned(policy.shift)(0, r) for r in test]
+    drafting = [n for p in picks for n in p if n]
+    # knowing each acceptance: the same choice on survival 1 up to the accepted prefix, 0 beyond
+    oracle = [choose_blocks(policy, r.sps, [[float(j < a) for j in range(gmax)] for a in r.accepted], r.drafted, gmax)
+              for r in test]
     scores: dict[str, float] = {
         **{f"static_{g}": v for g, v in static.items()}, "best_static_block": best_static,
         "best_static": static[best_static], "learned": score(policy, test, lambda i, _: picks[i]),
-        "oracle": score(policy, test, lambda _, r: max(range(gmax + 1), key=lambda g: _ratio(policy, r, g))),
+        "oracle": score(policy, test, lambda i, _: oracle[i]),
         "learned_train": best, "shift": policy.shift, "rounds_train": len(train), "rounds_heldout": len(test),
-        "mean_block_learned": statistics.fmean(picks), "plain_share_learned": picks.count(0) / len(picks)}
+        "mean_block_learned": statistics.fmean(drafting) if drafting else 0.0,
+        "plain_share_learned": sum(n == 0 for p in picks for n in p) / sum(len(p) for p in picks)}
     policy.trained_on = {k: round(v, 4) if isinstance(v, float) else v for k, v in scores.items()}
     return policy, scores
-
-
-def _ratio(policy: GammaPolicyFile, r: GammaRound, g: int) -> float:
-    t, s = priced(policy, r, g)
-    return t / s

@@ -6,12 +6,13 @@ positions < j survived) for the round about to be drafted from what the request'
 token-class statistics of its last tokens, how much of it repeats earlier context, its rolling acceptance, the
 position j), and the round's block G is the one that maximises the expected committed tokens of the whole batch per
 modelled second. The seconds are the SPS table's target step at the verify batch plus the drafting cost, a fitted
-affine function of G and of rows x G (the backbone runs once per round whatever G is; the LM head and the sequential
-head run per drafted position), and G = 0 is a plain decoding step (no drafting at all). The engine drafts one block
-for the batch (the backbone and the head run on [rows, G]), so the choice is per round.
+affine function of the drafting rows, G and rows x G (the backbone runs once per round whatever G is; the LM head and
+the sequential head run per drafted position); a plain decoding step (no drafting at all) is the choice to beat. The
+engine drafts one block for the requests that draft (the backbone and the head run on [rows, G]), so G is per round;
+which requests draft is per request (the others take a plain step inside the round).
 
-Losslessness: G is chosen before the round is drafted, from committed tokens and past rounds only, so it cannot
-depend on the draft tokens it would verify; any choice of block leaves the output distribution the target's.
+Losslessness: the blocks are chosen before the round is drafted, from committed tokens and past rounds only, so they
+cannot depend on the draft tokens they would verify; any choice of block leaves the output distribution the target's.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ GAMMA_FEATURES = (
 TEXT_FEATURES = GAMMA_FEATURES[3:]  # what `text_features` returns
 WINDOW = 32  # recent tokens the text features describe
 CONTEXT = 256  # earlier tokens a recent token may repeat
-# drafting-cost regressors: seconds beyond the target step = c . (1, rows, G, rows * G) for a drafting round
+# drafting-cost regressors: seconds beyond the target step = c . (1, rows, G, rows * G), rows = requests that draft
 COST_TERMS = ("round", "row", "position", "row_position")
 
 
@@ -149,27 +150,35 @@ class GammaPolicyFile(BaseModel):
         return out
 
     def draft_seconds(self, rows: int, gamma: int) -> float:
-        """Modelled drafting cost of a round (0 for a plain step)."""
+        """Modelled drafting cost of a round where `rows` requests draft up to `gamma` tokens (0 for a plain step)."""
         if gamma <= 0:
             return 0.0
         return max(0.0, sum(c * t for c, t in zip(self.cost, (1.0, rows, gamma, rows * gamma), strict=True)))
 
 
-def choose_block(policy: GammaPolicyFile, sps: SpsTable, survival: Sequence[Sequence[float]],
-                 caps: Sequence[int], block: int) -> int:
-    """The round's block G in 0..block maximising expected committed tokens per modelled second.
+def choose_blocks(policy: GammaPolicyFile, sps: SpsTable, survival: Sequence[Sequence[float]],
+                  caps: Sequence[int], block: int) -> list[int]:
+    """Per request, the tokens to draft this round (0 = none), maximising the batch's expected committed tokens per
+    modelled second.
 
-    survival[r][j-1]: P(request r's positions 1..j survive); caps[r]: tokens it may still draft. A round commits
-    1 + sum_{j <= min(G, cap)} survival per request and costs the target step at the verify batch sum(min(G, cap) + 1)
-    (verify_all: the scheduler may verify fewer) plus the drafting cost.
+    survival[r][j-1]: P(request r's positions 1..j survive); caps[r]: tokens it may still draft. For each block G in
+    1..block the requests are ranked by their expected extra tokens and the best k of them draft min(G, cap) tokens
+    (a round commits 1 + sum_{j <= min(G, cap)} survival per drafting request, 1 per other); the round costs the target
+    step at the verify batch (verify_all: the scheduler may verify fewer) plus the drafting cost of k rows at G. All
+    zeros (a plain step) is the choice to beat.
     """
     rows = len(survival)
-    best_g, best = 0, -1.0
-    for g in range(0, min(block, policy.gamma_max) + 1):
+    plan, best = [0] * rows, rows * sps.lookup(min(rows, sps.max_batch_tokens))
+    for g in range(1, min(block, policy.gamma_max) + 1):
         lens = [min(g, c) for c in caps]
-        toks = sum(1.0 + sum(s[:n]) for s, n in zip(survival, lens, strict=True))
-        batch = min(rows + sum(lens), sps.max_batch_tokens)
-        secs = 1.0 / sps.lookup(batch) + policy.draft_seconds(rows, g)
-        if toks / secs > best * (1.0 + 1e-9):
-            best_g, best = g, toks / secs
-    return best_g
+        gains = [sum(s[:n]) for s, n in zip(survival, lens, strict=True)]
+        toks, batch, chosen = float(rows), rows, []
+        for r in sorted(range(rows), key=lambda i: -gains[i]):
+            if lens[r] == 0:
+                break
+            toks, batch = toks + gains[r], batch + lens[r]
+            chosen.append(r)
+            rate = toks / (1.0 / sps.lookup(min(batch, sps.max_batch_tokens)) + policy.draft_seconds(len(chosen), g))
+            if rate > best * (1.0 + 1e-9):
+                best, plan = rate, [lens[i] if i in chosen else 0 for i in range(rows)]
+    return plan

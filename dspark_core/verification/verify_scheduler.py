@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dspark_core.errors import DSparkError
-from dspark_core.verification.gamma_policy import NO_CLASSES, GammaPolicyFile, TokenClasses, choose_block, text_features
+from dspark_core.verification.gamma_policy import (
+    NO_CLASSES,
+    GammaPolicyFile,
+    TokenClasses,
+    choose_blocks,
+    text_features,
+)
 from dspark_core.verification.learned import PRIOR_ACCEPT, LearnedScheduler, PolicyFile, RoundContext
 from dspark_core.verification.regulator import GammaRegulator, RegulatorConfig
 from dspark_core.verification.round_log import RoundLog, RoundRecord
@@ -53,6 +59,7 @@ class EngineScheduler:
     # accepted / verified is not: it rises when fewer tokens are verified), so a policy trained on verify_all logs
     # sees the same feature when it runs
     acceptance: dict[int, tuple[float, float]] = field(default_factory=dict)
+    _planned: dict[int, int] = field(default_factory=dict, repr=False)  # slot -> this round's learned block
 
     def __post_init__(self) -> None:
         self.name = self.name or self.policy.name
@@ -80,19 +87,24 @@ class EngineScheduler:
 
     def round_block(self, running: list[tuple[int, list[int], int]], block: int) -> int:
         """This round's block for (slot, committed tokens, tokens it may still draft) per request: the learned
-        gamma policy's pick in 0..block (`block` itself without a policy)."""
+        gamma policy's pick in 0..block, and per request whether it drafts (`gamma` then answers it); `block`
+        itself without a policy."""
+        self._planned = {}
         if self.gamma_policy is None or self.sps is None or not running:
             return block
+        self._round_start = time.perf_counter()
         g = min(block, self.gamma_policy.gamma_max)
         survival = [self.gamma_policy.survival(self._recent(slot), text_features(toks, self.classes), g)
                     for slot, toks, _ in running]
         caps = [max(0, min(cap, self.regulator.gamma_for(slot))) for slot, _, cap in running]
-        return choose_block(self.gamma_policy, self.sps, survival, caps, g)
+        plan = choose_blocks(self.gamma_policy, self.sps, survival, caps, g)
+        self._planned = {slot: n for (slot, _, _), n in zip(running, plan, strict=True)}
+        return max(plan)
 
     def gamma(self, slot: int, default: int) -> int:
         if self._round_start is None:
             self._round_start = time.perf_counter()
-        return min(default, self.regulator.gamma_for(slot))
+        return min(default, self.regulator.gamma_for(slot), self._planned.get(slot, default))
 
     def choose(self, requests: list[DraftRequest], proposal: Proposal) -> list[int]:
         nums = [min(n, self.max_verify) for n in proposal.num]

@@ -18,7 +18,7 @@ from dspark_core.verification.gamma_policy import (
     GAMMA_FEATURES,
     GammaPolicyFile,
     TokenClasses,
-    choose_block,
+    choose_blocks,
     text_features,
 )
 from dspark_core.verification.round_log import LogHeader, RoundRecord, read_log
@@ -55,13 +55,16 @@ def test_token_classes_of_a_real_tokenizer(tiny_tokenizer) -> None:
 
 def test_the_block_follows_acceptance_and_cost() -> None:
     cheap = _policy([0.0] * 6, [0.001, 0.0, 0.0005, 0.0])
-    assert choose_block(cheap, SPS, [[0.99 ** j for j in range(1, 9)]], [8], 8) == 8  # near-sure drafts: longest
-    assert choose_block(cheap, SPS, [[0.01 ** j for j in range(1, 9)]], [8], 8) == 0  # hopeless drafts: plain step
-    assert choose_block(cheap, SPS, [[0.99 ** j for j in range(1, 9)]], [3], 8) == 3  # a request near its end
+    sure, hopeless = [0.99 ** j for j in range(1, 9)], [0.01 ** j for j in range(1, 9)]
+    assert choose_blocks(cheap, SPS, [sure], [8], 8) == [8]  # near-sure drafts: the longest block
+    assert choose_blocks(cheap, SPS, [hopeless], [8], 8) == [0]  # hopeless drafts: a plain step
+    assert choose_blocks(cheap, SPS, [sure], [3], 8) == [3]  # a request near its end
     per_position = _policy([0.0] * 6, [0.001, 0.0, 0.02, 0.0])  # each drafted position costs 40% of a step
-    mid = choose_block(per_position, SPS, [[0.8 ** j for j in range(1, 9)]], [8], 8)
+    (mid,) = choose_blocks(per_position, SPS, [[0.8 ** j for j in range(1, 9)]], [8], 8)
     assert 1 <= mid < 8
-    assert choose_block(cheap, SPS, [[0.99 ** j for j in range(1, 9)]], [8], 5) == 5  # never above spec.block_size
+    assert choose_blocks(cheap, SPS, [sure], [8], 5) == [5]  # never above spec.block_size
+    per_row = _policy([0.0] * 6, [0.001, 0.01, 0.0005, 0.0])  # each drafting request costs 20% of a step
+    assert choose_blocks(per_row, SPS, [hopeless, sure, hopeless], [8] * 3, 8) == [0, 8, 0]  # only the sure one
     survival = _policy([1.0, 0.0, 2.0, 0.0, 0.0, 0.0], [0.0] * 4).survival(1.0, [0.0] * 3, 4)
     assert all(a > b for a, b in zip(survival, survival[1:], strict=False))  # P(prefix survives) only falls
 

@@ -196,7 +196,7 @@ def test_a_learned_block_length_keeps_the_target_distribution() -> None:
         GAMMA_FEATURES,
         GammaPolicyFile,
         TokenClasses,
-        choose_block,
+        choose_blocks,
         text_features,
     )
 
@@ -209,7 +209,7 @@ def test_a_learned_block_length_keeps_the_target_distribution() -> None:
 
     def block(outs: list[list[int]]) -> int:
         surv = [policy.survival(0.5, text_features([START, *o], classes), GAMMA) for o in outs]
-        g = choose_block(policy, WORLD_SPS, surv, [GAMMA] * len(outs), GAMMA)
+        g = max(choose_blocks(policy, WORLD_SPS, surv, [GAMMA] * len(outs), GAMMA))
         picked[g] += 1
         return g
 
