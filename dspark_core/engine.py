@@ -346,14 +346,16 @@ class Engine:
                                      generator=r.generator, prompt_len=len(r.ids)))
         b = len(reqs)
         t0 = time.perf_counter()
+        if hasattr(self.scheduler, "waiting"):  # the round log records the queue behind the batch
+            self.scheduler.waiting = len(self._waiting)
         if self.drafter and any(q.gamma for q in reqs):
-            if hasattr(self.scheduler, "waiting"):  # the round log records the queue behind the batch
-                self.scheduler.waiting = len(self._waiting)
             prop = self.drafter.propose(reqs)
             chosen = self.scheduler.choose(reqs, prop)
         else:
             prop = Proposal(tokens=torch.zeros(b, 0, dtype=torch.long), num=[0] * b)
             chosen = [0] * b
+            if hasattr(self.scheduler, "plain_round"):  # the round log prices plain steps too
+                self.scheduler.plain_round(reqs)
         cap = self.config.spec.max_verify_tokens
         nv = [max(0, min(int(c), n, cap)) for c, n in zip(chosen, prop.num, strict=True)]
         t = max(nv) + 1

@@ -5,9 +5,11 @@ Action: the round's block G in 0..gamma_max (0 = a plain step). Reward: committe
 Two models are fitted, then one parameter on the reward itself:
 - acceptance: a logistic model of P(position j survives | positions < j survived) on every position whose outcome a
   log shows (j <= min(verified, accepted + 1));
-- drafting cost: the round's measured seconds beyond the log's SPS step at its verify batch, as an affine function
-  of (1, rows, G, rows x G), fitted to the median per (rows, G) cell. It needs logs at two block lengths or more
-  (log the same traffic at, e.g., block 2, 4 and 8): one length says nothing about the per-position cost.
+- cost: the round's measured seconds beyond the log's SPS step at its verify batch, as an affine function of
+  gamma_policy.COST_TERMS (rows, context, and when anything is drafted the drafting rows, G, rows x G), least squares
+  on every logged round but the slowest 5% (hiccups of shared cores). It needs plain rounds (log the traffic once with
+  the plain method: a plain step's real cost, attention over long contexts included, is measured, not assumed from
+  the SPS table) and two block lengths or more (one length says nothing of the per-position cost).
 - a logit shift on the acceptance estimates, chosen by the priced throughput of the training rounds.
 Pricing a round under another block: a full-information round (logged under verify_all, every drafted token verified)
 commits min(G, drafted, accepted) + 1 tokens per request at block G, exactly: the first G drafted tokens do not depend
@@ -32,6 +34,7 @@ from dspark_core.verification.gamma_policy import (
     GAMMA_FEATURES,
     GammaPolicyFile,
     choose_blocks,
+    cost_row,
     feature_row,
 )
 from dspark_core.verification.round_log import read_log
@@ -42,11 +45,12 @@ from dspark_core.verification.sps import SpsTable
 class GammaRound:
     """One logged round, as the block-length policy sees it."""
 
-    drafted: list[int]  # [request] tokens drafted
+    drafted: list[int]  # [request] tokens drafted (all 0: a plain step)
     verified: list[int]  # [request] tokens verified
     accepted: list[int]  # [request] accepted prefix
     recent: list[float]  # [request] rolling acceptance before the round
     text: list[list[float]]  # [request] text features before the round
+    context: list[int]  # [request] committed tokens before the round
     seconds: float  # measured round
     batch_tokens: int  # verify batch
     sps: SpsTable  # the log's table
@@ -60,7 +64,7 @@ class GammaRound:
 
 
 def load_gamma_rounds(paths: Sequence[str | Path], heldout: float = 0.2) -> list[GammaRound]:
-    """Rounds of every log that drafted; the last `heldout` share of each log is marked held out."""
+    """Rounds of every log (plain steps included); the last `heldout` share of each log is marked held out."""
     out: list[GammaRound] = []
     for i, path in enumerate(paths):
         header, records = read_log(path)
@@ -69,14 +73,13 @@ def load_gamma_rounds(paths: Sequence[str | Path], heldout: float = 0.2) -> list
         kept = []
         for n, rec in enumerate(records):
             drafted = rec.drafted or rec.verified
-            if not any(drafted):
-                continue
-            if len(rec.text) != rec.running:
-                raise DSparkError(f"{path}: round {n + 1} has no text features (a log written before "
-                                  "gamma_policy existed); log the traffic again")
+            if len(rec.text) != rec.running or len(rec.context) != rec.running:
+                raise DSparkError(f"{path}: round {n + 1} has no text features or context lengths (a log written "
+                                  "before gamma_policy existed); log the traffic again")
             full = header.scheduler == "verify_all" and rec.verified == drafted
             kept.append(GammaRound(drafted=drafted, verified=rec.verified, accepted=rec.accepted,
-                                   recent=rec.recent_acceptance, text=rec.text, seconds=rec.seconds,
+                                   recent=rec.recent_acceptance, text=rec.text, context=rec.context,
+                                   seconds=rec.seconds,
                                    batch_tokens=rec.batch_tokens, sps=sps, full=full, log=i))
         for k, r in enumerate(kept):
             r.heldout = heldout > 0 and len(kept) > 1 and k >= len(kept) * (1.0 - heldout)
@@ -87,23 +90,22 @@ def load_gamma_rounds(paths: Sequence[str | Path], heldout: float = 0.2) -> list
     return out
 
 
-def fit_cost(rounds: Sequence[GammaRound]) -> list[float]:
-    """Drafting seconds = c . (1, rows, G, rows x G), >= 0 coefficients, on per-(rows, G) medians of the residual
-    (rows: the requests that drafted)."""
-    cells: dict[tuple[int, int], list[float]] = {}
-    for r in rounds:
-        key = (sum(d > 0 for d in r.drafted), max(r.drafted))
-        cells.setdefault(key, []).append(r.seconds - 1.0 / r.sps.lookup(r.batch_tokens))
-    if len({g for _, g in cells}) < 2:
+def fit_cost(rounds: Sequence[GammaRound], trim: float = 0.05) -> list[float]:
+    """Seconds beyond the SPS step = c . COST_TERMS, >= 0 coefficients, least squares without the slowest `trim`."""
+    if not any(not any(r.drafted) for r in rounds):
+        raise DSparkError("the logs hold no plain step, so a plain round's cost is unknown; log the same traffic once "
+                          "with the plain method (bench --methods plain with spec.round_log set)")
+    if len({max(r.drafted) for r in rounds if any(r.drafted)}) < 2:
         raise DSparkError("the logs show one block length only, which cannot price a longer or shorter block; log "
                           "the same traffic at two block lengths or more (e.g. spec.block_size 2, 4, 8)")
-    keys = sorted(cells)
-    feats = torch.tensor([[1.0, rows, g, rows * g] for rows, g in keys], dtype=torch.float64)
-    y = torch.tensor([statistics.median(cells[k]) for k in keys], dtype=torch.float64)
-    wts = torch.tensor([math.sqrt(len(cells[k])) for k in keys], dtype=torch.float64)
-    active = [0, 2] if len({rows for rows, _ in keys}) < 2 else [0, 1, 2, 3]  # one batch size: no row terms
+    x = torch.tensor([cost_row(r.rows, sum(r.context), sum(d > 0 for d in r.drafted), max(r.drafted))
+                      for r in rounds], dtype=torch.float64)
+    y = torch.tensor([r.seconds - 1.0 / r.sps.lookup(r.batch_tokens) for r in rounds], dtype=torch.float64)
+    keep = y <= torch.quantile(y, 1.0 - trim)
+    x, y = x[keep], y[keep]
+    active = list(range(len(COST_TERMS)))
     while True:
-        sol = torch.linalg.lstsq(feats[:, active] * wts[:, None], y * wts).solution
+        sol = torch.linalg.lstsq(x[:, active], y, driver="gelsd").solution
         neg = [a for a, c in zip(active, sol.tolist(), strict=True) if c < 0]
         if not neg or len(active) == 1:
             break
@@ -136,7 +138,8 @@ def priced(policy: GammaPolicyFile, r: GammaRound, lens: Sequence[int]) -> tuple
     """(committed tokens, modelled seconds) of full-information round r had request i drafted lens[i] tokens."""
     toks = sum(1 + min(n, a) for n, a in zip(lens, r.accepted, strict=True))
     batch = min(r.rows + sum(lens), r.sps.max_batch_tokens)
-    return float(toks), 1.0 / r.sps.lookup(batch) + policy.draft_seconds(sum(n > 0 for n in lens), max(lens))
+    extra = policy.extra_seconds(r.rows, sum(r.context), sum(n > 0 for n in lens), max(lens))
+    return float(toks), 1.0 / r.sps.lookup(batch) + extra
 
 
 def score(policy: GammaPolicyFile, rounds: Sequence[GammaRound],
@@ -174,7 +177,8 @@ def train_gamma_policy(rounds: list[GammaRound], on_step: Callable[[int, int], N
     logits = {id(r): _logits(policy, r, gmax) for r in [*full_train, *test]}
 
     def learned(shift: float) -> Callable[[int, GammaRound], int]:
-        return lambda _, r: choose_blocks(policy, r.sps, _survival(logits[id(r)], shift), r.drafted, gmax)
+        return lambda _, r: choose_blocks(policy, r.sps, _survival(logits[id(r)], shift), r.drafted, gmax,
+                                          sum(r.context))
 
     best = -1.0
     for i, s in enumerate(SHIFTS):
@@ -188,8 +192,8 @@ def train_gamma_policy(rounds: list[GammaRound], on_step: Callable[[int, int], N
     picks = [learned(policy.shift)(0, r) for r in test]
     drafting = [n for p in picks for n in p if n]
     # knowing each acceptance: the same choice on survival 1 up to the accepted prefix, 0 beyond
-    oracle = [choose_blocks(policy, r.sps, [[float(j < a) for j in range(gmax)] for a in r.accepted], r.drafted, gmax)
-              for r in test]
+    oracle = [choose_blocks(policy, r.sps, [[float(j < a) for j in range(gmax)] for a in r.accepted], r.drafted, gmax,
+                            sum(r.context)) for r in test]
     scores: dict[str, float] = {
         **{f"static_{g}": v for g, v in static.items()}, "best_static_block": best_static,
         "best_static": static[best_static], "learned": score(policy, test, lambda i, _: picks[i]),

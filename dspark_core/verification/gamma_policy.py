@@ -5,9 +5,10 @@ contextual bandit, like the learned verify length (learned.py): a logistic model
 positions < j survived) for the round about to be drafted from what the request's recent text and rounds show (the
 token-class statistics of its last tokens, how much of it repeats earlier context, its rolling acceptance, the
 position j), and the round's block G is the one that maximises the expected committed tokens of the whole batch per
-modelled second. The seconds are the SPS table's target step at the verify batch plus the drafting cost, a fitted
-affine function of the drafting rows, G and rows x G (the backbone runs once per round whatever G is; the LM head and
-the sequential head run per drafted position); a plain decoding step (no drafting at all) is the choice to beat. The
+modelled second. The seconds are the SPS table's target step at the verify batch plus a fitted affine function of
+the rows, their context (the SPS table is profiled on short contexts), and, when anything is drafted, the drafting
+rows, G and rows x G (the backbone runs once per round whatever G is; the LM head and the sequential head run per
+drafted position), fitted to logged rounds, plain steps included; a plain step is the choice to beat. The
 engine drafts one block for the requests that draft (the backbone and the head run on [rows, G]), so G is per round;
 which requests draft is per request (the others take a plain step inside the round).
 
@@ -44,8 +45,18 @@ GAMMA_FEATURES = (
 TEXT_FEATURES = GAMMA_FEATURES[3:]  # what `text_features` returns
 WINDOW = 32  # recent tokens the text features describe
 CONTEXT = 256  # earlier tokens a recent token may repeat
-# drafting-cost regressors: seconds beyond the target step = c . (1, rows, G, rows * G), rows = requests that draft
-COST_TERMS = ("round", "row", "position", "row_position")
+# a round's seconds beyond the SPS table's target step = c . x, x = these terms; rows: requests in the round, k: those
+# that draft, G: the block, context: their committed tokens in thousands (attention the SPS table, profiled on short
+# contexts, does not price)
+COST_TERMS = (
+    "round",  # 1
+    "row",  # rows
+    "context",  # sum of the rows' committed tokens / 1000
+    "draft",  # 1 when anything is drafted (the backbone's forward, the drafter's bookkeeping)
+    "draft_row",  # k
+    "position",  # G when anything is drafted
+    "row_position",  # k * G
+)
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,13 @@ def text_features(tokens: Sequence[int], classes: TokenClasses) -> list[float]:
     return [repeat, newline, symbol]
 
 
+def cost_row(rows: int, context: float, drafting: int, gamma: int) -> list[float]:
+    """COST_TERMS of a round: `rows` requests with `context` committed tokens in all, `drafting` of them drafting up to
+    `gamma` tokens (0: a plain step)."""
+    on = 1.0 if drafting and gamma else 0.0
+    return [1.0, rows, context / 1000.0, on, on * drafting, on * gamma, on * drafting * gamma]
+
+
 def feature_row(j: int, recent_acceptance: float, text: Sequence[float]) -> list[float]:
     """GAMMA_FEATURES for drafted position j (1-based) of a request."""
     return [1.0, j / 16.0, recent_acceptance, *text]
@@ -100,7 +118,7 @@ class GammaPolicyFile(BaseModel):
     weights: list[float]  # acceptance logit = w . ((phi - mean) / scale) + shift
     shift: float = 0.0  # logit shift chosen by the priced throughput on the training rounds
     cost_terms: list[str]  # must equal COST_TERMS
-    cost: list[float]  # drafting seconds = cost . (1, rows, G, rows * G)
+    cost: list[float]  # a round's seconds beyond the SPS step = cost . COST_TERMS
     gamma_max: int  # longest block the logs show (the policy never drafts more, nor more than spec.block_size)
     trained_on: dict[str, float | int | str] = {}  # rounds, offline throughputs, data source
 
@@ -149,26 +167,26 @@ class GammaPolicyFile(BaseModel):
             out.append(alive)
         return out
 
-    def draft_seconds(self, rows: int, gamma: int) -> float:
-        """Modelled drafting cost of a round where `rows` requests draft up to `gamma` tokens (0 for a plain step)."""
-        if gamma <= 0:
-            return 0.0
-        return max(0.0, sum(c * t for c, t in zip(self.cost, (1.0, rows, gamma, rows * gamma), strict=True)))
+    def extra_seconds(self, rows: int, context: float, drafting: int, gamma: int) -> float:
+        """Modelled seconds of a round beyond its SPS step: `rows` requests with `context` committed tokens in all,
+        `drafting` of them drafting up to `gamma` tokens (0: a plain step)."""
+        return max(0.0, sum(c * t for c, t in zip(self.cost, cost_row(rows, context, drafting, gamma), strict=True)))
 
 
 def choose_blocks(policy: GammaPolicyFile, sps: SpsTable, survival: Sequence[Sequence[float]],
-                  caps: Sequence[int], block: int) -> list[int]:
+                  caps: Sequence[int], block: int, context: float = 0.0) -> list[int]:
     """Per request, the tokens to draft this round (0 = none), maximising the batch's expected committed tokens per
     modelled second.
 
     survival[r][j-1]: P(request r's positions 1..j survive); caps[r]: tokens it may still draft. For each block G in
     1..block the requests are ranked by their expected extra tokens and the best k of them draft min(G, cap) tokens
     (a round commits 1 + sum_{j <= min(G, cap)} survival per drafting request, 1 per other); the round costs the target
-    step at the verify batch (verify_all: the scheduler may verify fewer) plus the drafting cost of k rows at G. All
-    zeros (a plain step) is the choice to beat.
+    step at the verify batch (verify_all: the scheduler may verify fewer) plus the fitted extra seconds (`context`: the
+    rows' committed tokens in all). All zeros (a plain step) is the choice to beat.
     """
     rows = len(survival)
-    plan, best = [0] * rows, rows * sps.lookup(min(rows, sps.max_batch_tokens))
+    plan = [0] * rows
+    best = rows / (1.0 / sps.lookup(min(rows, sps.max_batch_tokens)) + policy.extra_seconds(rows, context, 0, 0))
     for g in range(1, min(block, policy.gamma_max) + 1):
         lens = [min(g, c) for c in caps]
         gains = [sum(s[:n]) for s, n in zip(survival, lens, strict=True)]
@@ -178,7 +196,8 @@ def choose_blocks(policy: GammaPolicyFile, sps: SpsTable, survival: Sequence[Seq
                 break
             toks, batch = toks + gains[r], batch + lens[r]
             chosen.append(r)
-            rate = toks / (1.0 / sps.lookup(min(batch, sps.max_batch_tokens)) + policy.draft_seconds(len(chosen), g))
+            step = 1.0 / sps.lookup(min(batch, sps.max_batch_tokens))
+            rate = toks / (step + policy.extra_seconds(rows, context, len(chosen), g))
             if rate > best * (1.0 + 1e-9):
                 best, plan = rate, [lens[i] if i in chosen else 0 for i in range(rows)]
     return plan

@@ -1,11 +1,12 @@
-"""Round logs: what the engine saw and got in each speculative round, as JSON lines (train-policy reads them).
+"""Round logs: what the engine saw and got in each round, as JSON lines (train-policy, train-gamma-policy read them).
 
-Line 1 is a header: the SPS table the engine priced rounds with and the block length. Every further line is
-one round: the load (running, queued), per request the calibrated confidences, draft entropies and rolling
-acceptance the scheduler saw, how many tokens it drafted, verified and had accepted, and the round's
-measured seconds with its verify batch in tokens. Logging with `verify_all` gives full information: a
-shorter verify length l would have committed min(l, accepted) + 1 tokens (the acceptance test of each
-position uses the same random draw whatever l is), so any stopping rule can be priced on the log.
+Line 1 is a header: the SPS table the engine priced rounds with and the block length. Every further line is one
+round (a plain step too, with nothing drafted, so that a plain step's real cost is on record): the load (running,
+queued), per request the calibrated confidences, draft entropies, rolling acceptance, text features and context length
+the schedulers saw, how many tokens it drafted, verified and had accepted, and the round's measured seconds with its
+verify batch in tokens. Logging with `verify_all` gives full information: a shorter verify length l would have
+committed min(l, accepted) + 1 tokens (the acceptance test of each position uses the same random draw whatever l is),
+so any stopping rule can be priced on the log.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class RoundRecord(BaseModel):
     accepted: list[int]  # [request]: accepted prefix of the verified drafts
     drafted: list[int] = []  # [request]: tokens drafted this round (logs before this field: = verified)
     text: list[list[float]] = []  # [request]: gamma_policy.TEXT_FEATURES of its committed tokens before the round
+    context: list[int] = []  # [request]: committed tokens (prompt included) before the round: its attention span
     batch_tokens: int  # sum(verified + 1)
     seconds: float  # the round, from the first gamma() call to observe()
 

@@ -97,7 +97,7 @@ class EngineScheduler:
         survival = [self.gamma_policy.survival(self._recent(slot), text_features(toks, self.classes), g)
                     for slot, toks, _ in running]
         caps = [max(0, min(cap, self.regulator.gamma_for(slot))) for slot, _, cap in running]
-        plan = choose_blocks(self.gamma_policy, self.sps, survival, caps, g)
+        plan = choose_blocks(self.gamma_policy, self.sps, survival, caps, g, sum(len(t) for _, t, _ in running))
         self._planned = {slot: n for (slot, _, _), n in zip(running, plan, strict=True)}
         return max(plan)
 
@@ -123,9 +123,22 @@ class EngineScheduler:
         if self.log is not None:
             self._seen = dict(running=len(rows), waiting=self.waiting, confidence=rows, entropy=ent,
                               recent_acceptance=recent, verified=list(lengths), batch_tokens=self._batch,
-                              drafted=list(proposal.num),
+                              drafted=list(proposal.num), context=[len(r.tokens) for r in requests],
                               text=[text_features(r.tokens, self.classes) for r in requests])
         return lengths
+
+    def plain_round(self, requests: list[DraftRequest]) -> None:
+        """A round where nothing was drafted: the round log records it (its seconds price a plain step)."""
+        if self.log is None:
+            return
+        if self._round_start is None:
+            self._round_start = time.perf_counter()
+        n = len(requests)  # (no _batch: a plain step says nothing of the speculative rounds' overhead)
+        self._seen = dict(running=n, waiting=self.waiting, confidence=[[] for _ in requests],
+                          entropy=[[] for _ in requests], recent_acceptance=[self._recent(r.slot) for r in requests],
+                          verified=[0] * n, batch_tokens=n, drafted=[0] * n,
+                          text=[text_features(r.tokens, self.classes) for r in requests],
+                          context=[len(r.tokens) for r in requests])
 
     def observe(self, results: list[RoundResult]) -> None:
         now, start, seen = time.perf_counter(), self._round_start, self._seen

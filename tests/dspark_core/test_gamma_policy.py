@@ -31,6 +31,10 @@ SP = SamplingParams(max_new_tokens=24, ignore_eos=True)
 SPS = SpsTable.from_probes([(b, 1.0 / (0.05 + 0.002 * b)) for b in range(1, 65)], 64)
 
 
+def _cost(**terms: float) -> list[float]:
+    return [terms.get(t, 0.0) for t in COST_TERMS]
+
+
 def _policy(weights: list[float], cost: list[float], gamma_max: int = 8) -> GammaPolicyFile:
     return GammaPolicyFile(features=list(GAMMA_FEATURES), mean=[0.0] * 6, scale=[1.0] * 6, weights=weights,
                            cost_terms=list(COST_TERMS), cost=cost, gamma_max=gamma_max)
@@ -54,18 +58,18 @@ def test_token_classes_of_a_real_tokenizer(tiny_tokenizer) -> None:
 
 
 def test_the_block_follows_acceptance_and_cost() -> None:
-    cheap = _policy([0.0] * 6, [0.001, 0.0, 0.0005, 0.0])
+    cheap = _policy([0.0] * 6, _cost(draft=0.001, position=0.0005))
     sure, hopeless = [0.99 ** j for j in range(1, 9)], [0.01 ** j for j in range(1, 9)]
     assert choose_blocks(cheap, SPS, [sure], [8], 8) == [8]  # near-sure drafts: the longest block
     assert choose_blocks(cheap, SPS, [hopeless], [8], 8) == [0]  # hopeless drafts: a plain step
     assert choose_blocks(cheap, SPS, [sure], [3], 8) == [3]  # a request near its end
-    per_position = _policy([0.0] * 6, [0.001, 0.0, 0.02, 0.0])  # each drafted position costs 40% of a step
+    per_position = _policy([0.0] * 6, _cost(draft=0.001, position=0.02))  # a drafted position: 40% of a step
     (mid,) = choose_blocks(per_position, SPS, [[0.8 ** j for j in range(1, 9)]], [8], 8)
     assert 1 <= mid < 8
     assert choose_blocks(cheap, SPS, [sure], [8], 5) == [5]  # never above spec.block_size
-    per_row = _policy([0.0] * 6, [0.001, 0.01, 0.0005, 0.0])  # each drafting request costs 20% of a step
+    per_row = _policy([0.0] * 6, _cost(draft=0.001, draft_row=0.01, position=0.0005))  # a drafting row: 20% of a step
     assert choose_blocks(per_row, SPS, [hopeless, sure, hopeless], [8] * 3, 8) == [0, 8, 0]  # only the sure one
-    survival = _policy([1.0, 0.0, 2.0, 0.0, 0.0, 0.0], [0.0] * 4).survival(1.0, [0.0] * 3, 4)
+    survival = _policy([1.0, 0.0, 2.0, 0.0, 0.0, 0.0], _cost()).survival(1.0, [0.0] * 3, 4)
     assert all(a > b for a, b in zip(survival, survival[1:], strict=False))  # P(prefix survives) only falls
 
 
@@ -77,7 +81,7 @@ def test_a_policy_file_is_checked(tmp_path) -> None:
                    '"cost": [], "gamma_max": 4}')
     with pytest.raises(DSparkError, match="differ from this engine's"):
         GammaPolicyFile.load(bad)
-    good = _policy([0.0] * 6, [0.0] * 4)
+    good = _policy([0.0] * 6, _cost())
     assert GammaPolicyFile.load(good.save(tmp_path / "g.json")) == good
 
 
@@ -98,13 +102,19 @@ def _engine(target, block: int, max_requests: int = 3, **spec) -> Engine:
 
 def test_log_train_and_serve_the_gamma_policy(target, tmp_path) -> None:
     plain = [o.token_ids for o in Engine(engine_config(method="plain"), target=target).generate(PROMPTS, SP).outputs]
-    logs = []
+    logs = [tmp_path / "rounds_plain.jsonl"]
+    cfg = engine_config(block=6, max_requests=3, method="plain")
+    cfg.spec.round_log = str(logs[0])
+    assert [o.token_ids for o in Engine(cfg, target=target).generate(PROMPTS, SP).outputs] == plain
+    steps = read_log(logs[0])[1]
+    assert len(steps) >= 8 and all(r.drafted == [0] * r.running and r.seconds > 0 for r in steps)  # plain steps
     for block in (3, 6):
         logs.append(tmp_path / f"rounds_b{block}.jsonl")
         assert [o.token_ids for o in _engine(target, block, round_log=str(logs[-1])).generate(PROMPTS, SP).outputs] \
             == plain
     header, rounds = read_log(logs[-1])
-    assert all(len(r.text) == len(r.drafted) == r.running for r in rounds)
+    assert all(len(r.text) == len(r.drafted) == len(r.context) == r.running for r in rounds)
+    assert rounds[1].context[0] > rounds[0].context[0] >= len(PROMPTS[0])
     assert all(len(t) == 3 and all(0.0 <= v <= 1.0 for v in t) for r in rounds for t in r.text)
     assert max(max(r.drafted) for r in rounds) == 6
 
@@ -119,7 +129,7 @@ def test_log_train_and_serve_the_gamma_policy(target, tmp_path) -> None:
     eng.scheduler.round_block = lambda running, block: picked.append(choose(running, block)) or picked[-1]
     assert [o.token_ids for o in eng.generate(PROMPTS, SP).outputs] == plain
     assert picked and all(0 <= g <= 6 for g in picked)
-    swinging = _policy([0.0, 0.0, 0.0, 0.0, 0.0, 40.0], [0.004, 0.0, 0.002, 0.0], gamma_max=6)
+    swinging = _policy([0.0, 0.0, 0.0, 0.0, 0.0, 40.0], _cost(draft=0.004, position=0.002), gamma_max=6)
     swinging.mean[5] = 0.5  # a symbol share above a half accepts everything, below it nothing
     path = swinging.save(tmp_path / "swinging.json")
     eng = _engine(target, 6, max_requests=1, gamma_policy="learned", gamma_policy_path=str(path))
@@ -136,34 +146,43 @@ def test_learned_gamma_without_a_policy_is_one_clear_error(target) -> None:
 
 
 def _log(path, block: int, rounds: int, seed: int, scheduler: str = "verify_all") -> None:
-    """Synthetic traffic: code-like requests (many line breaks) accept ~all of a block, chat-like ones nothing;
-    a round costs the SPS step plus 4 ms + 1 ms per drafted position."""
+    """Synthetic traffic: code-like requests (many line breaks) accept ~all of a block, chat-like ones nothing; a
+    round costs the SPS step plus 2 ms per 1000 context tokens, and when it drafts 4 ms + 1 ms per drafted position
+    (block 0: plain steps)."""
     rng = random.Random(seed)
-    lines = [LogHeader(block_size=block, scheduler=scheduler, sps=SpsTableFile(**SPS.to_dict())).model_dump_json()]
+    lines = [LogHeader(block_size=max(1, block), scheduler=scheduler,
+                       sps=SpsTableFile(**SPS.to_dict())).model_dump_json()]
     for _ in range(rounds):
         code = rng.random() < 0.5
-        acc = rng.randrange(block - 1, block + 1) if code else 0
+        acc = rng.randrange(block - 1, block + 1) if code and block else 0
         text = [0.5, 0.4, 0.5] if code else [0.1, 0.0, 0.1]
+        ctx = rng.randrange(100, 3000)
+        extra = 0.002 * ctx / 1000 + (0.004 + 0.001 * block if block else 0.0)
         rec = RoundRecord(running=1, waiting=0, confidence=[[0.5] * block], entropy=[[]], recent_acceptance=[0.5],
-                          verified=[block], accepted=[acc], drafted=[block], text=[text], batch_tokens=block + 1,
-                          seconds=1.0 / SPS.lookup(block + 1) + 0.004 + 0.001 * block + rng.uniform(0, 1e-4))
+                          verified=[block], accepted=[acc], drafted=[block], text=[text], context=[ctx],
+                          batch_tokens=block + 1, seconds=1.0 / SPS.lookup(block + 1) + extra + rng.uniform(0, 1e-4))
         lines.append(rec.model_dump_json())
     path.write_text("\n".join(lines) + "\n")
 
 
 def test_training_learns_the_text_and_the_cost(tmp_path) -> None:
-    logs = [tmp_path / "b2.jsonl", tmp_path / "b8.jsonl"]
-    _log(logs[0], 2, 200, seed=1)
-    _log(logs[1], 8, 400, seed=2)
+    logs = [tmp_path / "plain.jsonl", tmp_path / "b2.jsonl", tmp_path / "b8.jsonl"]
+    _log(logs[0], 0, 200, seed=0)
+    _log(logs[1], 2, 200, seed=1)
+    _log(logs[2], 8, 400, seed=2)
     rounds = load_gamma_rounds(logs)
     cost = dict(zip(COST_TERMS, fit_cost(rounds), strict=True))
-    assert cost["round"] + cost["row"] == pytest.approx(0.004, abs=3e-4)  # one batch size: one intercept
+    assert cost["context"] == pytest.approx(0.002, abs=2e-4)
+    assert cost["round"] + cost["row"] == pytest.approx(0.0, abs=2e-4)  # one batch size: one intercept
+    assert cost["draft"] + cost["draft_row"] == pytest.approx(0.004, abs=3e-4)
     assert cost["position"] + cost["row_position"] == pytest.approx(0.001, abs=1e-4)
     policy, scores = train_gamma_policy(rounds)
     assert scores["learned"] > 1.15 * scores["best_static"], scores  # plain on chat, the full block on code
     assert scores["learned"] >= 0.97 * scores["oracle"]
     assert 0.3 < scores["plain_share_learned"] < 0.7
     with pytest.raises(DSparkError, match="one block length only"):
+        train_gamma_policy(load_gamma_rounds([logs[0], logs[2]]))
+    with pytest.raises(DSparkError, match="no plain step"):
         train_gamma_policy(load_gamma_rounds(logs[1:]))
 
 
@@ -173,5 +192,5 @@ def test_logs_without_text_features_are_refused(tmp_path) -> None:
     lines = log.read_text().splitlines()
     lines[1] = lines[1].replace('"text":[[0.5,0.4,0.5]]', '"text":[]').replace('"text":[[0.1,0.0,0.1]]', '"text":[]')
     log.write_text("\n".join(lines) + "\n")
-    with pytest.raises(DSparkError, match="old.jsonl: round 1 has no text features"):
+    with pytest.raises(DSparkError, match="old.jsonl: round 1 has no text features or context"):
         load_gamma_rounds([log])

@@ -203,7 +203,7 @@ def test_a_learned_block_length_keeps_the_target_distribution() -> None:
     # acceptance rises with the share of token 0 ("symbol") in the recent text, so the block follows the text
     policy = GammaPolicyFile(features=list(GAMMA_FEATURES), mean=[0.0] * 6, scale=[1.0] * 6,
                              weights=[-2.0, 0.0, 0.0, 0.0, 0.0, 6.0], cost_terms=list(COST_TERMS),
-                             cost=[0.2, 0.0, 0.1, 0.0], gamma_max=GAMMA)
+                             cost=[0.0, 0.0, 0.0, 0.2, 0.0, 0.1, 0.0], gamma_max=GAMMA)  # draft 0.2 + 0.1 / position
     classes = TokenClasses(newline=frozenset(), symbol=frozenset({0}))
     picked: Counter = Counter()
 
