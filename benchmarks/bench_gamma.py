@@ -4,9 +4,9 @@ Usage: python benchmarks/bench_gamma.py [--limit 8] [--train-prompts 8] [--max-n
 Needs `python cli.py models fetch smollm2-135m` and the committed SmolLM2 markov drafter. Runs, all through the CLI:
 1. round logs of the deployment's own kind of traffic, as an operator would log it: code and chat prompts from the
    held-out sets (outside the drafters' training sources) that the evaluation below never sees (code prompts 16..,
-   chat prompts 8..), interleaved, with the plain method (a plain step's real cost) and dspark_markov/verify_all at
-   blocks 2, 4 and 8 (the cost of a block length needs two lengths or more; block 8 gives full information),
-   concurrency 1 and 8;
+   chat prompts 8..), interleaved, dspark_markov/verify_all@explore at block 8 (a seeded uniform block in 0..8 per
+   round: every block length and plain steps on the same traffic, interleaved round by round so that drifting load on
+   shared cores hits them alike; rounds at block 8 give full information), concurrency 1 and 8;
 2. `cli.py train-gamma-policy` on the logs -> dspark_core/assets/smollm2-135m/gamma_cpu_bf16_markov.json;
 3. `cli.py bench` on the first held-out code and chat prompts interleaved, concurrency 1 and 8: plain, static blocks
    2, 4, 8 and the learned block in one run each;
@@ -65,13 +65,11 @@ def main() -> None:
     if not args.skip_logs:
         train = mixed(code[16: 16 + args.train_prompts], chats[8: 8 + args.train_prompts], work / "train.jsonl")
         for c in levels:
-            for b in (0, *BLOCKS):
-                log = work / f"rounds_c{c}_b{b}.jsonl"
-                cfg = work / f"log_c{c}_b{b}.yaml"
-                cfg.write_text(f"spec:\n  round_log: {json.dumps(str(log))}\n")
-                method = "dspark_markov/verify_all" if b else "plain"
-                bench(args, train, method, c, max(b, 1), cfg, 2 * args.train_prompts, 1)
-                logs.append(log)
+            log = work / f"rounds_c{c}_explore.jsonl"
+            cfg = work / f"log_c{c}.yaml"
+            cfg.write_text(f"spec:\n  round_log: {json.dumps(str(log))}\n")
+            bench(args, train, "dspark_markov/verify_all@explore", c, max(BLOCKS), cfg, 2 * args.train_prompts, 1)
+            logs.append(log)
     trained, train_cmd = run([sys.executable, "cli.py", "train-gamma-policy", *map(str, logs), "--out", str(POLICY),
                               "--json"], work)
     held = mixed(code[: args.limit], chats[: args.limit], work / "heldout_mixed.jsonl")

@@ -57,7 +57,9 @@ class SpecSection(_Section):
     sts_path: str | None = None  # SGLang DSparkStsCalibration JSON (confidence temperatures)
     policy_path: str | None = None  # learned scheduler's policy JSON (`train-policy`); required by scheduler=learned
     round_log: str | None = None  # JSONL file each speculative round is appended to (`train-policy` reads it)
-    gamma_policy: Literal["static", "learned"] = "static"  # block per round: block_size, or the learned pick in 0..it
+    # block per round: block_size; the learned pick in 0..it; or a seeded uniform draw in 0..it (explore: logging
+    # for train-gamma-policy, every block length on the same traffic, interleaved round by round)
+    gamma_policy: Literal["static", "learned", "explore"] = "static"
     gamma_policy_path: str | None = None  # learned block-length policy JSON (`train-gamma-policy`)
 
 

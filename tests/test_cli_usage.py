@@ -65,7 +65,7 @@ CASES = [  # the issue's findings, each once: argv, words the line must hold
     (["rules", "search", "fp8", "hopper"], ["hopper"]),
     (["train-policy", "no-such-log.jsonl"], ["round log no-such-log.jsonl not found"]),
     (["train-gamma-policy", "no-such-log.jsonl"], ["round log no-such-log.jsonl not found"]),
-    (["bench", "--prompts", CHAT, "--methods", "dspark_markov@x"], ["block suffix 'x' must be 1..16 or 'learned'"]),
+    (["bench", "--prompts", CHAT, "--methods", "dspark_markov@x"], ["block suffix 'x' must be 1..16, 'learned'"]),
     (["bench", "--prompts", CHAT, "--methods", "ngram@4"], ["a block suffix applies to DSpark methods"]),
     (["no-such-command"], ["no-such-command"]),
     (["--no-such-option"], ["--no-such-option"]),

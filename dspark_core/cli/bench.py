@@ -5,8 +5,8 @@ same target and the small draft model: the peer), `hf_prompt_lookup` (transforme
 `ar_draft` (our loop, same draft model), `ngram` (prompt lookup), and part 2's DSpark drafters by name:
 `dflash` (head none), `dspark_markov`, `dspark_rnn`, with an optional `/scheduler` suffix
 (`dspark_markov/prefix`) and an optional `@block` suffix: a static block length (`dspark_markov@4`) or the learned
-block-length policy (`dspark_markov/prefix@learned`, spec.gamma_policy_path from --config). Rows follow DESIGN.md
-section 3.
+block-length policy (`dspark_markov/prefix@learned`, spec.gamma_policy_path from --config) or its logging mode
+(`@explore`: a random block per round). Rows follow DESIGN.md section 3.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def method_params(name: str, config: EngineConfig) -> dict[str, Any]:
     """Engine parameters of an engine-backed method name; DSparkError for an unknown one."""
     rest, _, gamma = name.partition("@")
     base, _, sched = rest.partition("/")
-    if gamma and gamma != "learned" and not (gamma.isdigit() and 1 <= int(gamma) <= 16):
-        raise DSparkError(f"method {name!r}: block suffix {gamma!r} must be 1..16 or 'learned'")
+    if gamma and gamma not in ("learned", "explore") and not (gamma.isdigit() and 1 <= int(gamma) <= 16):
+        raise DSparkError(f"method {name!r}: block suffix {gamma!r} must be 1..16, 'learned' or 'explore'")
     if gamma and base not in HEADS:
         raise DSparkError(f"method {name!r}: a block suffix applies to DSpark methods ({', '.join(HEADS)})")
     if sched and sched not in SCHEDULERS:
@@ -54,8 +54,8 @@ def method_params(name: str, config: EngineConfig) -> dict[str, Any]:
         raise DSparkError(f"unknown bench method {name!r}; choose from {known} (DSpark ones may add /scheduler)")
     if sched:
         params["spec.scheduler"] = sched
-    if gamma == "learned":
-        params["spec.gamma_policy"] = "learned"
+    if gamma in ("learned", "explore"):
+        params["spec.gamma_policy"] = gamma
     elif gamma:
         params["spec.block_size"] = int(gamma)
     return params

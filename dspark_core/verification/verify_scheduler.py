@@ -8,6 +8,7 @@ confidences, and the SPS table (sps.py) that the prefix / async_topk policies ne
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,7 @@ class EngineScheduler:
     gamma_policy: GammaPolicyFile | None = None  # spec.gamma_policy learned: picks each round's block
     sps: SpsTable | None = None  # the table the gamma policy prices rounds with
     classes: TokenClasses = NO_CLASSES  # token classes of the text features (the engine sets them from its tokenizer)
+    explore: random.Random | None = None  # spec.gamma_policy explore: a uniform block in 0..block_size per round
     _round_start: float | None = field(default=None, repr=False)  # first gamma() call of the current round
     _batch: int | None = field(default=None, repr=False)  # verify tokens chosen this round
     _seen: dict | None = field(default=None, repr=False)  # what choose() saw, for the round log
@@ -90,6 +92,11 @@ class EngineScheduler:
         gamma policy's pick in 0..block, and per request whether it drafts (`gamma` then answers it); `block`
         itself without a policy."""
         self._planned = {}
+        if self.explore is not None and running:
+            self._round_start = time.perf_counter()
+            g = self.explore.randint(0, block)
+            self._planned = {slot: min(g, cap) for slot, _, cap in running}
+            return g
         if self.gamma_policy is None or self.sps is None or not running:
             return block
         self._round_start = time.perf_counter()
@@ -255,5 +262,6 @@ def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTabl
     else:
         policy = make_scheduler(spec.scheduler, sps=sps, threshold=spec.confidence_threshold)
     log = RoundLog(Path(spec.round_log), spec.block_size, spec.scheduler, sps) if logging and sps else None
+    explore = random.Random(config.seed) if spec.gamma_policy == "explore" else None
     return EngineScheduler(policy=policy, regulator=reg, max_verify=spec.max_verify_tokens, log=log,
-                           gamma_policy=gamma_policy, sps=sps)
+                           gamma_policy=gamma_policy, sps=sps, explore=explore)

@@ -194,3 +194,12 @@ def test_logs_without_text_features_are_refused(tmp_path) -> None:
     log.write_text("\n".join(lines) + "\n")
     with pytest.raises(DSparkError, match="old.jsonl: round 1 has no text features or context"):
         load_gamma_rounds([log])
+
+
+def test_explore_logs_every_block_length_and_stays_lossless(target, tmp_path) -> None:
+    plain = [o.token_ids for o in Engine(engine_config(method="plain"), target=target).generate(PROMPTS, SP).outputs]
+    log = tmp_path / "explore.jsonl"
+    eng = _engine(target, 6, gamma_policy="explore", round_log=str(log))
+    assert [o.token_ids for o in eng.generate(PROMPTS, SP).outputs] == plain
+    blocks = {max(r.drafted) for r in read_log(log)[1]}
+    assert 0 in blocks and 6 in blocks and len(blocks) >= 4, blocks  # plain steps and blocks in 1..6, one log
