@@ -60,8 +60,9 @@ def train_policy_cmd(
 
 
 def train_gamma_cmd(
-    logs: Annotated[list[Path], typer.Argument(help="Round logs (spec.round_log) of the same traffic at two block "
-                                               "lengths or more, one under spec.scheduler=verify_all at the longest.")],
+    logs: Annotated[list[Path], typer.Argument(help="Round logs (spec.round_log) of the deployment's traffic, best "
+                                               "written with spec.gamma_policy=explore under spec.scheduler=verify_all "
+                                               "(every block length and plain steps, interleaved).")],
     out: Annotated[Path, typer.Option(help="Policy JSON to write (spec.gamma_policy_path).")] = Path("gamma.json"),
     heldout: Annotated[float, typer.Option(min=0.0, max=0.9, help="Share of each log's last rounds kept out of "
                                            "training to compare the policies on.")] = 0.2,

@@ -93,11 +93,11 @@ def load_gamma_rounds(paths: Sequence[str | Path], heldout: float = 0.2) -> list
 def fit_cost(rounds: Sequence[GammaRound], trim: float = 0.05) -> list[float]:
     """Seconds beyond the SPS step = c . COST_TERMS, >= 0 coefficients, least squares without the slowest `trim`."""
     if not any(not any(r.drafted) for r in rounds):
-        raise DSparkError("the logs hold no plain step, so a plain round's cost is unknown; log the same traffic once "
-                          "with the plain method (bench --methods plain with spec.round_log set)")
+        raise DSparkError("the logs hold no plain step, so a plain round's cost is unknown; log the traffic with "
+                          "spec.gamma_policy explore (or once with the plain method)")
     if len({max(r.drafted) for r in rounds if any(r.drafted)}) < 2:
         raise DSparkError("the logs show one block length only, which cannot price a longer or shorter block; log "
-                          "the same traffic at two block lengths or more (e.g. spec.block_size 2, 4, 8)")
+                          "the traffic with spec.gamma_policy explore (or at two block lengths or more)")
     x = torch.tensor([cost_row(r.rows, sum(r.context), sum(d > 0 for d in r.drafted), max(r.drafted))
                       for r in rounds], dtype=torch.float64)
     y = torch.tensor([r.seconds - 1.0 / r.sps.lookup(r.batch_tokens) for r in rounds], dtype=torch.float64)
