@@ -19,7 +19,6 @@ sum(tokens) / sum(modelled seconds) over the held-out rounds (the last share of 
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ import torch
 
 from dspark_core.errors import DSparkError
 from dspark_core.training.train_policy import SHIFTS, fit_logistic
+from dspark_core.verification.acceptance_model import sigmoid
 from dspark_core.verification.gamma_policy import (
     COST_TERMS,
     GAMMA_FEATURES,
@@ -118,8 +118,7 @@ def fit_cost(rounds: Sequence[GammaRound], trim: float = 0.05) -> list[float]:
 
 def _logits(policy: GammaPolicyFile, r: GammaRound, gamma: int) -> list[list[float]]:
     """Acceptance logits (no shift) per request and position 1..gamma."""
-    return [[sum(w * (x - m) / s for w, x, m, s in zip(policy.weights, feature_row(j, rec, txt), policy.mean,
-                                                       policy.scale, strict=True)) for j in range(1, gamma + 1)]
+    return [[policy.raw_logit(feature_row(j, rec, txt)) for j in range(1, gamma + 1)]
             for rec, txt in zip(r.recent, r.text, strict=True)]
 
 
@@ -128,7 +127,7 @@ def _survival(logits: list[list[float]], shift: float) -> list[list[float]]:
     for row in logits:
         alive, surv = 1.0, []
         for z in row:
-            alive /= 1.0 + math.exp(-max(-60.0, min(60.0, z + shift)))
+            alive *= sigmoid(z + shift)
             surv.append(alive)
         out.append(surv)
     return out

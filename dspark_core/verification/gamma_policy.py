@@ -21,13 +21,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import model_validator
 
-from dspark_core.atomic import atomic_write_text
-from dspark_core.errors import DSparkError
+from dspark_core.verification.acceptance_model import AcceptanceModel
 
 if TYPE_CHECKING:
     from dspark_core.modeling.tokenizer import Tokenizer
@@ -107,63 +105,32 @@ def feature_row(j: int, recent_acceptance: float, text: Sequence[float]) -> list
     return [1.0, j / 16.0, recent_acceptance, *text]
 
 
-class GammaPolicyFile(BaseModel):
-    """The JSON the bundle ships: the acceptance model, the drafting-cost fit, and what it was scored on."""
+class GammaPolicyFile(AcceptanceModel):
+    """The JSON the bundle ships for `spec.gamma_policy: learned`: the acceptance model plus the round-cost fit."""
 
-    model_config = ConfigDict(extra="forbid")
+    FEATURE_NAMES: ClassVar[tuple[str, ...]] = GAMMA_FEATURES
+    LABEL: ClassVar[str] = "learned gamma policy"
+    TRAIN_COMMAND: ClassVar[str] = "train-gamma-policy"
 
-    features: list[str]  # must equal GAMMA_FEATURES
-    mean: list[float]  # per feature: subtracted before the dot product
-    scale: list[float]  # per feature: divided by (> 0)
-    weights: list[float]  # acceptance logit = w . ((phi - mean) / scale) + shift
-    shift: float = 0.0  # logit shift chosen by the priced throughput on the training rounds
     cost_terms: list[str]  # must equal COST_TERMS
     cost: list[float]  # a round's seconds beyond the SPS step = cost . COST_TERMS
     gamma_max: int  # longest block the logs show (the policy never drafts more, nor more than spec.block_size)
-    trained_on: dict[str, float | int | str] = {}  # rounds, offline throughputs, data source
 
     @model_validator(mode="after")
-    def _check(self) -> GammaPolicyFile:
-        if self.features != list(GAMMA_FEATURES):
-            raise ValueError(f"features {self.features} differ from this engine's {list(GAMMA_FEATURES)}; retrain "
-                             "the policy with `train-gamma-policy`")
+    def _check_cost(self) -> GammaPolicyFile:
         if self.cost_terms != list(COST_TERMS) or len(self.cost) != len(COST_TERMS):
             raise ValueError(f"cost terms must be {list(COST_TERMS)} with one coefficient each")
-        n = len(GAMMA_FEATURES)
-        for name in ("mean", "scale", "weights"):
-            if len(getattr(self, name)) != n:
-                raise ValueError(f"{name} has {len(getattr(self, name))} entries for {n} features")
-        if any(not (s > 0.0 and math.isfinite(s)) for s in self.scale):
-            raise ValueError(f"scale must be finite and > 0, got {self.scale}")
-        if any(not math.isfinite(v) for v in [*self.mean, *self.weights, *self.cost, self.shift]):
-            raise ValueError("mean, weights, cost and shift must be finite")
+        if any(not math.isfinite(v) for v in self.cost):
+            raise ValueError("cost must be finite")
         if self.gamma_max < 1:
             raise ValueError(f"gamma_max must be >= 1, got {self.gamma_max}")
         return self
-
-    @classmethod
-    def load(cls, path: str | Path) -> GammaPolicyFile:
-        p = Path(path)
-        try:
-            return cls.model_validate_json(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise DSparkError(f"learned gamma policy {p} not found; train one with `python cli.py "
-                              "train-gamma-policy`") from None
-        except (ValidationError, ValueError) as e:
-            first = e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)
-            raise DSparkError(f"learned gamma policy {p} is invalid: {first}") from None
-
-    def save(self, path: str | Path) -> Path:
-        return atomic_write_text(path, self.model_dump_json(indent=2) + "\n")
 
     def survival(self, recent_acceptance: float, text: Sequence[float], gamma: int) -> list[float]:
         """Estimated P(positions 1..j all survive) for j = 1..gamma."""
         out, alive = [], 1.0
         for j in range(1, gamma + 1):
-            phi = feature_row(j, recent_acceptance, text)
-            z = self.shift + sum(w * (x - m) / s for w, x, m, s in zip(self.weights, phi, self.mean, self.scale,
-                                                                         strict=True))
-            alive *= 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
+            alive *= self.acceptance(feature_row(j, recent_acceptance, text))
             out.append(alive)
         return out
 

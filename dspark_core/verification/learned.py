@@ -20,12 +20,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
-
-from dspark_core.atomic import atomic_write_text
-from dspark_core.errors import DSparkError
+from dspark_core.verification.acceptance_model import AcceptanceModel
 from dspark_core.verification.schedulers import Confidences, PrefixDecision, prefix_schedule
 from dspark_core.verification.sps import SpsTable
 
@@ -49,53 +46,13 @@ class RoundContext:
     entropy: Sequence[Sequence[float]] = ()  # per request and position: draft entropy in nats
 
 
-class PolicyFile(BaseModel):
-    """The JSON the bundle ships: the acceptance model, its logit shift, and what it was trained and scored on."""
+class PolicyFile(AcceptanceModel):
+    """The JSON the bundle ships for `spec.scheduler: learned`."""
 
-    model_config = ConfigDict(extra="forbid")
+    FEATURE_NAMES: ClassVar[tuple[str, ...]] = FEATURES
+    TRAIN_COMMAND: ClassVar[str] = "train-policy"
 
-    features: list[str]  # must equal FEATURES
-    mean: list[float]  # per feature: subtracted before the dot product
-    scale: list[float]  # per feature: divided by (> 0)
-    weights: list[float]  # acceptance logit = w . ((phi - mean) / scale) + shift
-    shift: float = 0.0  # logit shift chosen by the priced throughput on the training rounds
     gamma: int  # block length of the logged rounds
-    trained_on: dict[str, float | int | str] = {}  # rounds, throughputs of the policies compared, data source
-
-    @model_validator(mode="after")
-    def _check(self) -> PolicyFile:
-        if self.features != list(FEATURES):
-            raise ValueError(f"features {self.features} differ from this engine's {list(FEATURES)}; retrain the "
-                             "policy with `train-policy`")
-        n = len(FEATURES)
-        for name in ("mean", "scale", "weights"):
-            if len(getattr(self, name)) != n:
-                raise ValueError(f"{name} has {len(getattr(self, name))} entries for {n} features")
-        if any(not (s > 0.0 and math.isfinite(s)) for s in self.scale):
-            raise ValueError(f"scale must be finite and > 0, got {self.scale}")
-        if any(not math.isfinite(v) for v in [*self.mean, *self.weights, self.shift]):
-            raise ValueError("mean, weights and shift must be finite")
-        return self
-
-    @classmethod
-    def load(cls, path: str | Path) -> PolicyFile:
-        p = Path(path)
-        try:
-            return cls.model_validate_json(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise DSparkError(f"learned policy {p} not found; train one with `python cli.py train-policy`") from None
-        except (ValidationError, ValueError) as e:
-            first = e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)
-            raise DSparkError(f"learned policy {p} is invalid: {first}") from None
-
-    def save(self, path: str | Path) -> Path:
-        return atomic_write_text(path, self.model_dump_json(indent=2) + "\n")
-
-    def acceptance(self, phi: Sequence[float]) -> float:
-        """Estimated P(position survives | prefix survived) for one feature row."""
-        z = self.shift + sum(w * (x - m) / s for w, x, m, s in zip(self.weights, phi, self.mean, self.scale,
-                                                                     strict=True))
-        return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
 
 
 def feature_rows(rows: Confidences, ctx: RoundContext, mean_entropy: float) -> list[list[list[float]]]:
