@@ -68,8 +68,7 @@ def load_gamma_rounds(paths: Sequence[str | Path], heldout: float = 0.2) -> list
     out: list[GammaRound] = []
     for i, path in enumerate(paths):
         header, records = read_log(path)
-        sps = SpsTable.from_probes(zip(header.sps.sample_batch_tokens, header.sps.sample_steps_per_sec,
-                                       strict=True), header.sps.max_batch_tokens)
+        sps = header.sps_table()
         kept = []
         for n, rec in enumerate(records):
             drafted = rec.drafted or rec.verified

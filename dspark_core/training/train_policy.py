@@ -70,8 +70,7 @@ def load_rounds(paths: Sequence[str | Path]) -> RoundData:
     gamma = 1
     for i, path in enumerate(paths):
         header, rounds = read_log(path)
-        sps = SpsTable.from_probes(zip(header.sps.sample_batch_tokens, header.sps.sample_steps_per_sec,
-                                       strict=True), header.sps.max_batch_tokens)
+        sps = header.sps_table()
         over = round_overhead(rounds, sps)
         kept = [(r, sps, over) for r in rounds if any(r.verified)]
         records += kept

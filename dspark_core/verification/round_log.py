@@ -32,6 +32,10 @@ class LogHeader(BaseModel):
     scheduler: str  # the logging run's spec.scheduler (verify_all = full information)
     sps: SpsTableFile  # the table the engine priced batches with
 
+    def sps_table(self) -> SpsTable:
+        return SpsTable.from_probes(zip(self.sps.sample_batch_tokens, self.sps.sample_steps_per_sec, strict=True),
+                                    self.sps.max_batch_tokens)
+
 
 class RoundRecord(BaseModel):
     """One speculative round of the whole batch."""
