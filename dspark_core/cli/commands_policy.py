@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from dspark_core.verification.acceptance_model import AcceptanceModel
 
 
 def register(app: typer.Typer) -> None:
@@ -17,11 +21,25 @@ def register(app: typer.Typer) -> None:
     app.command("train-gamma-policy")(train_gamma_cmd)
 
 
-def _progress(label: str, quiet: bool):  # noqa: ANN202 - rich Progress
+def _fit(fit: Callable[[Callable[[int, int], None]], tuple[AcceptanceModel, dict[str, float]]], logs: list[Path],
+         out: Path, as_json: bool) -> tuple[AcceptanceModel, dict[str, float]] | None:
+    """Run a trainer under a progress bar over its logit shifts, write its policy to `out` and, with --json, print
+    the report (then None: nothing left to print)."""
+    import torch
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    cols = (TextColumn(label), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
-    return Progress(*cols, disable=quiet, transient=True)
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    cols = (TextColumn("pricing logit shifts"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn())
+    with Progress(*cols, disable=as_json, transient=True) as progress:
+        task = progress.add_task("shifts", total=None)
+        policy, scores = fit(lambda i, n: progress.update(task, completed=i, total=n))
+    policy.trained_on["logs"] = ",".join(p.name for p in logs)
+    policy.save(out)
+    if as_json:
+        sys.stdout.write(json.dumps({"policy": str(out), **scores}, indent=2) + "\n")
+        return None
+    return policy, scores
 
 
 def train_policy_cmd(
@@ -33,23 +51,15 @@ def train_policy_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
 ) -> None:
     """Train `spec.scheduler: learned` from logged rounds; compare it with verify_all and prefix on held-out ones."""
-    import torch
     from rich.console import Console
 
     from dspark_core.training.train_policy import load_rounds, train_policy
 
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     data = load_rounds(logs)
-    with _progress("pricing logit shifts", as_json) as progress:
-        task = progress.add_task("shifts", total=None)
-        policy, scores = train_policy(data, heldout=heldout,
-                                      on_step=lambda i, n: progress.update(task, completed=i, total=n))
-    policy.trained_on["logs"] = ",".join(p.name for p in logs)
-    policy.save(out)
-    report = {"policy": str(out), **scores}
-    if as_json:
-        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    done = _fit(lambda step: train_policy(data, heldout=heldout, on_step=step), logs, out, as_json)
+    if done is None:
         return
+    _, scores = done
     c = Console()
     c.print(f"wrote {out}: {scores['rounds_train']} rounds trained on, {scores['rounds_heldout']} held out")
     c.print("held-out throughput priced on the log (tokens / modelled second): "
@@ -69,22 +79,17 @@ def train_gamma_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
 ) -> None:
     """Train `spec.gamma_policy: learned` from logged rounds; compare it with every static block on held-out ones."""
-    import torch
     from rich.console import Console
 
     from dspark_core.training.train_gamma import load_gamma_rounds, train_gamma_policy
+    from dspark_core.verification.gamma_policy import GammaPolicyFile
 
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     rounds = load_gamma_rounds(logs, heldout)
-    with _progress("pricing logit shifts", as_json) as progress:
-        task = progress.add_task("shifts", total=None)
-        policy, scores = train_gamma_policy(rounds, on_step=lambda i, n: progress.update(task, completed=i, total=n))
-    policy.trained_on["logs"] = ",".join(p.name for p in logs)
-    policy.save(out)
-    report = {"policy": str(out), **scores}
-    if as_json:
-        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    done = _fit(lambda step: train_gamma_policy(rounds, on_step=step), logs, out, as_json)
+    if done is None:
         return
+    policy, scores = done
+    assert isinstance(policy, GammaPolicyFile)
     c = Console()
     g = policy.gamma_max
     c.print(f"wrote {out}: {scores['rounds_train']} rounds trained on, {scores['rounds_heldout']} held out")
@@ -92,5 +97,6 @@ def train_gamma_cmd(
             + ", ".join(f"block {k} {scores[f'static_{k}']:.1f}" for k in range(g + 1))
             + f"; learned {scores['learned']:.1f} (mean block {scores['mean_block_learned']:.2f}, plain "
             f"{scores['plain_share_learned']:.0%} of rounds); per-round oracle {scores['oracle']:.1f}")
-    c.print(f"drafting cost (s): {dict(zip(policy.cost_terms, [round(v, 5) for v in policy.cost], strict=True))}; "
+    cost = dict(zip(policy.cost_terms, [round(v, 5) for v in policy.cost], strict=True))
+    c.print(f"round seconds beyond the SPS step, per term: {cost}; "
             f"logit shift {policy.shift:+.2f}")
