@@ -22,7 +22,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench_learned import MODEL, run
+from bench_learned import MODEL, bench, run
 from results_md import bench_table, write_section
 
 HERE = Path(__file__).parent
@@ -35,14 +35,6 @@ def mixed(code: list[dict], chats: list[dict], path: Path) -> Path:
     rows = [r for pair in zip(code, chats, strict=False) for r in pair]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
-
-
-def bench(args: argparse.Namespace, prompts: Path, methods: str, c: int, block: int, config: Path, limit: int,
-          repeats: int) -> tuple[dict, str]:
-    return run([sys.executable, "cli.py", "bench", "--model", MODEL, "--dtype", "bf16", "--prompts", str(prompts),
-                "--limit", str(limit), "--max-new-tokens", str(args.max_new_tokens), "--methods", methods,
-                "--repeats", str(repeats), "--block-size", str(block), "--threads", str(args.threads),
-                "--concurrency", str(c), "--config", str(config), "--json"], config.parent)
 
 
 def main() -> None:
@@ -68,14 +60,14 @@ def main() -> None:
             log = work / f"rounds_c{c}_explore.jsonl"
             cfg = work / f"log_c{c}.yaml"
             cfg.write_text(f"spec:\n  round_log: {json.dumps(str(log))}\n")
-            bench(args, train, "dspark_markov/verify_all@explore", c, max(BLOCKS), cfg, 2 * args.train_prompts, 1)
+            bench(args, train, "dspark_markov/verify_all@explore", c, cfg, 2 * args.train_prompts, 1, max(BLOCKS))
             logs.append(log)
     trained, train_cmd = run([sys.executable, "cli.py", "train-gamma-policy", *map(str, logs), "--out", str(POLICY),
                               "--json"], work)
     held = mixed(code[: args.limit], chats[: args.limit], work / "heldout_mixed.jsonl")
     cfg = work / "learned.yaml"
     cfg.write_text(f"spec:\n  gamma_policy_path: {json.dumps(str(POLICY))}\n")
-    results = {c: bench(args, held, METHODS, c, max(BLOCKS), cfg, 2 * args.limit, args.repeats) for c in levels}
+    results = {c: bench(args, held, METHODS, c, cfg, 2 * args.limit, args.repeats, max(BLOCKS)) for c in levels}
     out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "train_gamma_policy": trained,
            **{f"c{c}": r for c, (r, _) in results.items()}}
     (HERE / "results" / "smollm2_gamma.json").write_text(json.dumps(out, indent=2) + "\n")

@@ -41,10 +41,10 @@ def run(cmd: list[str], work: Path | None = None) -> tuple[dict, str]:
 
 
 def bench(args: argparse.Namespace, prompts: Path, methods: str, concurrency: int, config: Path, limit: int,
-          repeats: int) -> tuple[dict, str]:
+          repeats: int, block: int = 8) -> tuple[dict, str]:
     return run([sys.executable, "cli.py", "bench", "--model", MODEL, "--dtype", "bf16", "--prompts", str(prompts),
                 "--limit", str(limit), "--max-new-tokens", str(args.max_new_tokens), "--methods", methods,
-                "--repeats", str(repeats), "--block-size", "8", "--threads", str(args.threads), "--concurrency",
+                "--repeats", str(repeats), "--block-size", str(block), "--threads", str(args.threads), "--concurrency",
                 str(concurrency), "--config", str(config), "--json"], config.parent)
 
 
