@@ -335,7 +335,7 @@ class Engine:
         block = self.config.spec.block_size if self.drafter else 0
         if self.gamma_cap is not None:
             block = min(block, self.gamma_cap)
-        if block and hasattr(self.scheduler, "round_block"):  # the learned gamma policy picks this round's block
+        if block and getattr(self.scheduler, "plans_blocks", False):  # the learned / explore gamma policy picks it
             block = self.scheduler.round_block([(r.slot, r.tokens, r.sp.max_new_tokens - len(r.out) - 1)
                                                 for r in running], block)
         reqs = []

@@ -87,6 +87,11 @@ class EngineScheduler:
         hits, trials = self.acceptance.get(slot, (PRIOR_ACCEPT, 1.0))
         return hits / trials
 
+    @property
+    def plans_blocks(self) -> bool:
+        """Whether `round_block` picks the blocks (spec.gamma_policy learned or explore); else the engine skips it."""
+        return self.explore is not None or (self.gamma_policy is not None and self.sps is not None)
+
     def round_block(self, running: list[tuple[int, list[int], int]], block: int) -> int:
         """This round's block for (slot, committed tokens, tokens it may still draft) per request: the learned
         gamma policy's pick in 0..block, and per request whether it drafts (`gamma` then answers it); `block`
