@@ -61,7 +61,7 @@ CASES: list[tuple[str, str, str]] = [  # (model, GPU, workload preset) as `profi
 SENSITIVE: tuple[str, ...] = (
     "spec.enabled", "spec.block_size", "spec.head", "spec.scheduler", "spec.confidence_threshold",
     "spec.max_verify_tokens", "spec.fallback_acceptance", "spec.adaptive_gamma", "spec.draft_layers",
-    "spec.markov_rank",
+    "spec.markov_rank", "spec.gamma_policy",
     "batch.max_requests", "batch.max_tokens", "batch.chunked_prefill", "batch.timeout_ms",
     "batch.cuda_graph_max_bs", "memory.fraction_static", "kv.dtype", "weights.dtype", "parallel.tp",
 )
@@ -70,7 +70,9 @@ SENSITIVE: tuple[str, ...] = (
 # (the Markov head's W1/W2 are trained weight shapes; the paper publishes no acceptance for other ranks). Where the
 # case's profile deploys a published checkpoint (drafter.*), its head, depth and rank are held too and its trained
 # block caps gamma, for every method alike (`checkpoint_held`, Scorer.deployable).
-CHECKPOINT: dict[str, Any] = {"spec.markov_rank": 256}
+# The cases' drafters ship no learned policies (those are trained on round logs of the deployed GPU): the learned
+# block length is held off and the learned scheduler left out of spec.scheduler's domain, for every method alike.
+CHECKPOINT: dict[str, Any] = {"spec.markov_rank": 256, "spec.gamma_policy": "static"}
 
 # Exhaustive grid over the simulator's main parameters (the rest at the engine defaults), plus the
 # spec.enabled=False branch over the non-speculative axes. 4-bit weights are left out: the cases do not
@@ -205,6 +207,9 @@ def free_space(plan, held: dict[str, Any] | None = None) -> Any:
 
     held = CHECKPOINT if held is None else held
     space = unrestricted_space(plan, extra=tuple(k for k in SENSITIVE if k not in held))
+    sched = space.distributions.get("spec.scheduler")
+    if sched is not None and "learned" in sched.choices:
+        space.distributions["spec.scheduler"] = type(sched)([c for c in sched.choices if c != "learned"])
     for k, v in held.items():
         space.distributions.pop(k, None)
         space.defaults[k] = v

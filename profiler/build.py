@@ -238,5 +238,11 @@ def build_profile(model: str | None, gpu: str | None, workload: str | WorkloadPr
             notes += a_notes
             if accept is not None:
                 profile.accept = accept
+            from profiler.drafter import committed_policies
+
+            head = profile.accept.drafter.rsplit("/", 1)[-1] if profile.accept.drafter else None
+            policies, p_notes = committed_policies(committed, profile.hw, head)
+            profile.drafter = profile.drafter.model_copy(update=policies)
+            notes += p_notes
     profile.notes = notes or None
     return profile

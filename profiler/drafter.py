@@ -12,7 +12,7 @@ from pathlib import Path
 
 from profiler.catalog import published_drafter
 from profiler.errors import ProfileError
-from profiler.schema import AcceptProfile, DrafterProfile
+from profiler.schema import AcceptProfile, DrafterProfile, HwProfile
 
 HEAD_ORDER = ("none", "markov", "rnn")
 ACCEPTANCE_FILE = "acceptance.json"  # measured acceptance beside a committed drafter (bench --record-acceptance)
@@ -61,6 +61,35 @@ def measured_acceptance(root: Path, domain: str | None) -> tuple[AcceptProfile |
                         source=f"measured: {m['command']}", domain=want,
                         per_head={h: g["position_acceptance"] for h, g in got.items()})
     return acc, [f"acceptance measured on {want} for heads {', '.join(got)} ({acc.source})"]
+
+
+POLICY_PREFIX = {"verify_policy": "policy", "gamma_policy": "gamma"}  # <prefix>_<hw>_<dtype>_<head>.json in assets
+
+
+def hw_key(hw: HwProfile) -> str | None:
+    """How committed policy files name the hardware they were trained on: `cpu`, or the GPU's catalogue name."""
+    if hw.arch == "cpu" or hw.vendor == "cpu":
+        return "cpu"
+    return hw.name.lower() if hw.name else None
+
+
+def committed_policies(root: Path, hw: HwProfile, head: str | None) -> tuple[dict[str, str], list[str]]:
+    """The learned policies committed beside the drafters under `root` for this hardware (`policy_<hw>_<dtype>_<head>`
+    and `gamma_<hw>_<dtype>_<head>.json`, written by train-policy / train-gamma-policy), preferring `head`'s."""
+    key = hw_key(hw)
+    found: dict[str, str] = {}
+    notes: list[str] = []
+    if key is None:
+        return found, notes
+    for field, prefix in POLICY_PREFIX.items():
+        files = sorted(root.glob(f"{prefix}_{key}_*.json"))
+        if head is not None:
+            files.sort(key=lambda f: not f.stem.endswith(f"_{head}"))
+        if files:
+            found[field] = str(files[0].resolve())
+            notes.append(f"drafter.{field}: {files[0].name} (trained on {key} round logs of the "
+                         f"{files[0].stem.rsplit('_', 1)[-1]} head)")
+    return found, notes
 
 
 def folder_drafter(path: Path) -> DrafterProfile:

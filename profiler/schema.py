@@ -165,6 +165,10 @@ class DrafterProfile(_Strict):
     block_size: int | None = None  # block it was trained for: the longest it can draft
     markov_rank: int | None = None  # r of its Markov head
     confidence_head: bool | None = None  # it has a trained confidence head (SGLang's compact / cap-accept need one)
+    # learned policies trained on this drafter's round logs on this hardware (bundled engine only; the tuner offers
+    # spec.scheduler / spec.gamma_policy `learned` only with one): train-policy / train-gamma-policy JSON
+    verify_policy: str | None = None  # learned verify length (spec.scheduler: learned)
+    gamma_policy: str | None = None  # learned block length (spec.gamma_policy: learned)
 
 
 class Derived(_Strict):

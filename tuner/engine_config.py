@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler.schema import Profile
+from tuner.errors import TunerError
 
 HF_URL = re.compile(r"^https?://huggingface\.co/([^/\s]+)/([^/\s]+)")
 SEQ_ALIGN = 256  # max_seq_len is rounded up to this many positions
@@ -40,6 +41,22 @@ def max_seq_len(profile: Profile, gamma: int) -> int:
     return max(16, min(aligned, ctx)) if ctx else aligned
 
 
+def learned_policies(profile: Profile, params: dict[str, Any]) -> dict[str, str]:
+    """Engine field -> the profile's policy file for each learned choice in `params` (spec.scheduler /
+    spec.gamma_policy `learned`); one line naming the fix when the profile has no such policy."""
+    out = {}
+    for param, field, trainer in (("spec.scheduler", "verify_policy", "train-policy"),
+                                  ("spec.gamma_policy", "gamma_policy", "train-gamma-policy")):
+        if params.get(param) != "learned":
+            continue
+        path = getattr(profile.drafter, field)
+        if not path:
+            raise TunerError(f"{param} is 'learned' but the profile has no drafter.{field}: train one on this "
+                             f"drafter's round logs with `python cli.py {trainer}` and commit it beside the drafters")
+        out["policy_path" if field == "verify_policy" else "gamma_policy_path"] = path
+    return out
+
+
 def tuned_engine_config(profile: Profile, params: dict[str, Any], drafter_path: str | None,
                         model_path: str | None = None):  # -> EngineConfig
     """The EngineConfig of a tuned parameter set: every engine parameter as tuned, the profile's model (or
@@ -54,4 +71,6 @@ def tuned_engine_config(profile: Profile, params: dict[str, Any], drafter_path: 
     cfg.drafter.method = "dspark" if cfg.spec.enabled else "plain"
     cfg.drafter.path = drafter_path if cfg.spec.enabled else None
     cfg.sampling.temperature = profile.workload.temperature or 0.0
+    for key, path in learned_policies(profile, params).items():  # the policy files the learned choices run
+        setattr(cfg.spec, key, path)
     return cfg

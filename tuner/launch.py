@@ -2,7 +2,8 @@
 trial (`tune --engine ...`) writes into its trial folder and runs. One function per engine, so the server a live
 study measured is started by exactly the script the bundle ships.
 
-- dspark: dspark.yaml (the bundled engine's config, tuner/engine_config.py), sps.json, sts.json, dspark.sh;
+- dspark: dspark.yaml (the bundled engine's config, tuner/engine_config.py), sps.json, sts.json, dspark.sh, and the
+  learned policies a learned scheduler or block length runs (policy.json, gamma_policy.json);
 - vllm: vllm.json (the speculative config) and vllm.sh;
 - sglang: sglang.sh (it reads sps.json and sts.json beside it).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,9 @@ TEMPLATES = Path(__file__).parent / "templates"
 DSPARK_TEMPLATES = ("dspark/v1/dspark.yaml.j2", "dspark/v1/dspark.sh.j2")
 SGLANG_TEMPLATE = "sglang/dspark-v2/sglang.sh.j2"
 VLLM_TEMPLATES = ("vllm/v0.33/vllm.json.j2", "vllm/v0.33/vllm.sh.j2")
-ENGINE_FILES = {"dspark": ("dspark.yaml", "sps.json", "sts.json", "dspark.sh"), "vllm": ("vllm.json", "vllm.sh"),
+POLICY_FILES = {"policy_path": "policy.json", "gamma_policy_path": "gamma_policy.json"}  # spec field -> bundle file
+ENGINE_FILES = {"dspark": ("dspark.yaml", "sps.json", "sts.json", "dspark.sh", *POLICY_FILES.values()),
+                "vllm": ("vllm.json", "vllm.sh"),
                 "sglang": ("sglang.sh", "sps.json", "sts.json")}
 SCRIPTS = {"dspark": "dspark.sh", "vllm": "vllm.sh", "sglang": "sglang.sh"}  # the script that starts each engine
 
@@ -38,11 +42,17 @@ def template_env():  # -> jinja2.Environment
 
 
 def write_dspark(folder: Path, config, sps, sts: dict[str, Any], common: dict[str, Any]) -> None:
-    """dspark.yaml (checked by the engine's own config model), sps.json, sts.json and dspark.sh."""
+    """dspark.yaml (checked by the engine's own config model), sps.json, sts.json, dspark.sh and the learned policies
+    `config` names (copied in, renamed, and named relative to dspark.yaml)."""
     from dspark_core.config import load_config, save_config
 
     env = template_env()
     config.spec.sps_path, config.spec.sts_path = "sps.json", "sts.json"
+    for key, name in POLICY_FILES.items():  # the learned policies travel with the bundle, like the SPS table
+        src = getattr(config.spec, key)
+        if src and Path(src).resolve() != (folder / name).resolve():
+            shutil.copy2(src, folder / name)
+        setattr(config.spec, key, name if src else None)
     path = folder / "dspark.yaml"
     save_config(config, path)
     path.write_text(env.get_template(DSPARK_TEMPLATES[0]).render(config_yaml=path.read_text(), **common))

@@ -101,7 +101,7 @@ class MeasureEvaluator(Evaluator):
             cfg.sampling.seed = seed
             engine = Engine(cfg, target=self.target, tokenizer=self.tokenizer)
             gen = engine.generate(self.prompts, cfg.sampling, time_limit_s=self.trial_limit_s)
-        except DSparkError as e:
+        except (DSparkError, TunerError) as e:  # TunerError: a learned choice without its policy
             return Evaluation({}, False, str(e))
         st = gen.stats
         ttft = [o.ttft_s * 1e3 for o in gen.outputs if getattr(o, "ttft_s", None) is not None]

@@ -11,16 +11,23 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dspark_core.errors import DSparkError
+from dspark_core.verification.gamma_policy import TEXT_FEATURES, GammaPolicyFile, choose_blocks
+from dspark_core.verification.learned import LearnedScheduler, PolicyFile, RollingAcceptance, RoundContext
 from dspark_core.verification.regulator import GammaRegulator, RegulatorConfig
 from dspark_core.verification.schedulers import make_scheduler
 from dspark_core.verification.sps import SpsTable, default_probes
 from profiler.schema import Profile
 from profiler.workload import LengthModel, request_lengths
 from tuner.acceptance import AcceptanceModel
+from tuner.engine_config import learned_policies
+from tuner.errors import TunerError
 from tuner.perf import PerfModel
 
 STEADY_MIN = 0.25  # a closed loop's steady window must span this share of the run, else tokens / makespan
@@ -80,6 +87,14 @@ def sps_table(perf: PerfModel, max_batch_tokens: int, context: float, requests: 
                                 max_batch_tokens)
 
 
+@cache
+def _policy(kind: type, path: str):  # -> PolicyFile | GammaPolicyFile, loaded once per study
+    try:
+        return kind.load(Path(path))
+    except DSparkError as e:
+        raise TunerError(str(e)) from None
+
+
 def _p(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else 0.0
 
@@ -120,7 +135,19 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
     ctx0 = float(np.mean([r.prompt for r in reqs]))
     budget = min(max_tokens, max_req * (gamma + 1))
     sps = sps_table(perf, max(2, budget), ctx0, max_req)
-    scheduler = make_scheduler(params["spec.scheduler"], sps=sps, threshold=float(params["spec.confidence_threshold"]))
+    # the learned policies run as the engine runs them; the simulator has no text, so the block policy sees the text
+    # features of its training logs' mean, and neither sees a draft entropy (the verify policy then uses its mean)
+    try:
+        files = learned_policies(profile, params)
+    except TunerError as e:  # a learned choice this drafter has no policy for cannot run: an infeasible point
+        return SimResult(0.0, 1e9, 1e9, 1e9, 0.0, 0.0, 0, False, str(e))
+    gamma_policy = _policy(GammaPolicyFile, files["gamma_policy_path"]) if "gamma_policy_path" in files else None
+    if "policy_path" in files:
+        scheduler = LearnedScheduler(policy=_policy(PolicyFile, files["policy_path"]), sps=sps)
+    else:
+        scheduler = make_scheduler(params["spec.scheduler"], sps=sps,
+                                   threshold=float(params["spec.confidence_threshold"]))
+    recent = RollingAcceptance()  # per request, what both learned policies read
     adaptive = bool(params.get("spec.adaptive_gamma"))
     regulator = GammaRegulator(RegulatorConfig(gamma_max=max(1, gamma), adaptive=adaptive,
                                                fallback_floor=float(params["spec.fallback_acceptance"])))
@@ -182,13 +209,23 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
                 gammas = [regulator.gamma_for(r.rid) for r in live]
                 if bundled:
                     gammas = [max(0, min(g, r.output - r.generated - 1)) for g, r in zip(gammas, live, strict=True)]
+                block = gamma
+                if gamma_policy is not None:  # the round's block and who drafts, chosen before drafting
+                    block = min(gamma, gamma_policy.gamma_max)
+                    text = gamma_policy.mean[-len(TEXT_FEATURES):]
+                    survival = [gamma_policy.survival(recent.get(r.rid), text, block) for r in live]
+                    gammas = choose_blocks(gamma_policy, sps, survival, gammas, block,
+                                           float(sum(r.prompt + r.generated for r in live)))
+                    block = max(gammas)
                 conf, acc = accept.draw(rng, len(live), gamma)
                 rows = [list(conf[i, :g]) for i, g in enumerate(gammas)]
                 drafting = sum(1 for g in gammas if g > 0)
-                draft_s = perf.draft_step(drafting, gamma, ctx, int(params["spec.draft_layers"]), params["spec.head"],
+                draft_s = perf.draft_step(drafting, block, ctx, int(params["spec.draft_layers"]), params["spec.head"],
                                           int(params["spec.markov_rank"])) if drafting else 0.0
                 if bundled and hasattr(scheduler, "overhead_s"):  # the engine times its rounds' fixed costs
                     scheduler.overhead_s = round_s + round_req_s * len(live) + draft_s
+                if isinstance(scheduler, LearnedScheduler):
+                    scheduler.context = RoundContext(recent_acceptance=[recent.get(r.rid) for r in live])
                 lengths = [min(cap_verify, n, g) for n, g in zip(scheduler.schedule(rows), gammas, strict=True)]
                 while sum(lengths) + len(live) > max_tokens and max(lengths) > 0:
                     lengths[lengths.index(max(lengths))] -= 1
@@ -201,6 +238,7 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
                         ok += 1
                     gains[i] = ok + 1
                     regulator.observe(r.rid, n, ok)
+                    recent.observe(r.rid, n, ok)
                     if gammas[i] > 0:
                         spec_rounds += 1
                         gained_spec += ok + 1
@@ -215,6 +253,7 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
             r.finish = t
             running.remove(r)
             regulator.drop(r.rid)
+            recent.drop(r.rid)
             done.append(r)
             if closed and backlog:
                 nxt = backlog.popleft()

@@ -35,7 +35,9 @@ VLLM_ATTENTION = {"triton": "TRITON_ATTN", "flashinfer": "FLASHINFER", "fa3": "F
 # SGLang picks the DSpark verify scheduler with SGLANG_RAGGED_VERIFY_MODE (speculative/ragged_verify.py): `compact`
 # is the confidence-budget planner (lagged budget + top-K, our async_topk; the closest to prefix), `static`
 # verifies the whole block. SGLang has no static-threshold scheduler.
-SGLANG_VERIFY_MODE = {"verify_all": "static", "threshold": "static", "prefix": "compact", "async_topk": "compact"}
+# Neither peer has a learned verify length or block length: those run in the bundled engine only.
+SGLANG_VERIFY_MODE = {"verify_all": "static", "threshold": "static", "prefix": "compact", "async_topk": "compact",
+                      "learned": "compact"}
 # fusion.* -> vLLM 0.33 compilation_config.pass_config fields (vllm/config/compilation.py PassConfig)
 VLLM_PASSES = {"fusion.norm_quant": "fuse_norm_quant", "fusion.act_quant": "fuse_act_quant",
                "fusion.attn_quant": "fuse_attn_quant", "fusion.allreduce_rmsnorm": "fuse_allreduce_rms",
@@ -86,7 +88,9 @@ def _common(profile: Profile, p: dict[str, Any], bundled: bool, max_seq_len: int
             "block_size": int(p["spec.block_size"]), "head": p["spec.head"],
             "draft_bundled": bundled and draft is not None, "draft_path": draft if not bundled else None,
             "draft_block": int(profile.drafter.block_size or 0),
-            "llama_target": (profile.model.family or "").startswith("llama")}
+            "llama_target": (profile.model.family or "").startswith("llama"),
+            "scheduler": p["spec.scheduler"],
+            "learned_block": p.get("spec.gamma_policy") == "learned"}  # the peers draft the static block instead
 
 
 def sglang_context(profile: Profile, p: dict[str, Any], bundled: bool = False, max_seq_len: int = 0
@@ -133,7 +137,9 @@ def _scheduler_note(name: str) -> str:
     return {"verify_all": "verify the whole block (static)",
             "threshold": "SGLang has no threshold scheduler: verify-all (static) is the nearest",
             "prefix": "SGLang's compact planner (lagged budget + top-K) is the nearest to Algorithm 1",
-            "async_topk": "compact = the confidence-budget planner (lagged budget + global top-K)"}[name]
+            "async_topk": "compact = the confidence-budget planner (lagged budget + global top-K)",
+            "learned": "SGLang has no learned scheduler (policy.json runs in dspark.sh only): the compact planner "
+                       "(lagged budget + top-K) is the nearest"}[name]
 
 
 def vllm_memory_utilization(profile: Profile, p: dict[str, Any]) -> float:

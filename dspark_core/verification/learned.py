@@ -36,6 +36,31 @@ FEATURES = (
 )
 
 PRIOR_ACCEPT = 0.5  # a request's rolling per-position acceptance before its first round
+ACCEPT_EMA = 0.3  # weight of the newest round in the rolling acceptance
+
+
+@dataclass
+class RollingAcceptance:
+    """Per request: rolling (accepted, trials) with trials = min(verified, accepted + 1), the positions whose outcome
+    was seen. Their ratio estimates the per-position acceptance whatever the verify lengths were (the regulator's
+    accepted / verified is not: it rises when fewer tokens are verified), so a policy trained on verify_all logs sees
+    the same feature when it runs. The engine and the simulator both keep one."""
+
+    state: dict[int, tuple[float, float]] = field(default_factory=dict)  # request -> (accepted, trials), EMA'd
+
+    def get(self, key: int) -> float:
+        hits, trials = self.state.get(key, (PRIOR_ACCEPT, 1.0))
+        return hits / trials
+
+    def observe(self, key: int, verified: int, accepted: int) -> None:
+        trials = min(verified, accepted + 1)
+        if trials:
+            hits, tried = self.state.get(key, (PRIOR_ACCEPT, 1.0))
+            self.state[key] = ((1 - ACCEPT_EMA) * hits + ACCEPT_EMA * accepted,
+                               (1 - ACCEPT_EMA) * tried + ACCEPT_EMA * trials)
+
+    def drop(self, key: int) -> None:
+        self.state.pop(key, None)
 
 
 @dataclass

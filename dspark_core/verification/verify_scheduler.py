@@ -22,7 +22,7 @@ from dspark_core.verification.gamma_policy import (
     choose_blocks,
     text_features,
 )
-from dspark_core.verification.learned import PRIOR_ACCEPT, LearnedScheduler, PolicyFile, RoundContext
+from dspark_core.verification.learned import LearnedScheduler, PolicyFile, RollingAcceptance, RoundContext
 from dspark_core.verification.regulator import GammaRegulator, RegulatorConfig
 from dspark_core.verification.round_log import RoundLog, RoundRecord
 from dspark_core.verification.schedulers import Scheduler, make_scheduler
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from dspark_core.modeling.model import LeanModel
 
 
-ACCEPT_EMA = 0.3  # weight of the newest round in the rolling acceptance
 
 
 @dataclass
@@ -56,11 +55,7 @@ class EngineScheduler:
     _round_start: float | None = field(default=None, repr=False)  # first gamma() call of the current round
     _batch: int | None = field(default=None, repr=False)  # verify tokens chosen this round
     _seen: dict | None = field(default=None, repr=False)  # what choose() saw, for the round log
-    # per slot: rolling (accepted, trials) with trials = min(verified, accepted + 1), the positions whose outcome was
-    # seen. Their ratio estimates the per-position acceptance whatever the verify lengths were (the regulator's
-    # accepted / verified is not: it rises when fewer tokens are verified), so a policy trained on verify_all logs
-    # sees the same feature when it runs
-    acceptance: dict[int, tuple[float, float]] = field(default_factory=dict)
+    acceptance: RollingAcceptance = field(default_factory=RollingAcceptance)  # per slot, for the learned policies
     _planned: dict[int, int] = field(default_factory=dict, repr=False)  # slot -> this round's learned block
 
     def __post_init__(self) -> None:
@@ -84,8 +79,7 @@ class EngineScheduler:
         return self.log is not None or isinstance(self.policy, LearnedScheduler) or self.gamma_policy is not None
 
     def _recent(self, slot: int) -> float:
-        hits, trials = self.acceptance.get(slot, (PRIOR_ACCEPT, 1.0))
-        return hits / trials
+        return self.acceptance.get(slot)
 
     @property
     def plans_blocks(self) -> bool:
@@ -160,13 +154,10 @@ class EngineScheduler:
             self.log.write(RoundRecord(accepted=[res.accepted for res in results], seconds=now - start, **seen))
         self._seen = None
         for res in results:
-            trials = min(res.verified, res.accepted + 1)
-            if trials and not res.finished and self._features():
-                hits, tried = self.acceptance.get(res.slot, (PRIOR_ACCEPT, 1.0))
-                self.acceptance[res.slot] = ((1 - ACCEPT_EMA) * hits + ACCEPT_EMA * res.accepted,
-                                             (1 - ACCEPT_EMA) * tried + ACCEPT_EMA * trials)
+            if not res.finished and self._features():
+                self.acceptance.observe(res.slot, res.verified, res.accepted)
             if res.finished:
-                self.acceptance.pop(res.slot, None)
+                self.acceptance.drop(res.slot)
                 self.regulator.drop(res.slot)
             else:
                 self.regulator.observe(res.slot, res.verified, res.accepted)

@@ -29,7 +29,7 @@ PAIRS: dict[str, tuple[Any, Any]] = {
     "spec.scheduler": ("prefix", "verify_all"), "spec.confidence_threshold": (0.1, 0.9),
     "spec.max_verify_tokens": (16, 1), "spec.fallback_acceptance": (0.0, 0.9), "spec.adaptive_gamma": (False, True),
     "spec.draft_layers": (1, 8), "spec.markov_rank": (16, 1024), "spec.draft_kv_dtype": ("auto", "fp8"),
-    "spec.method": ("dspark", "ngram"),
+    "spec.method": ("dspark", "ngram"), "spec.gamma_policy": ("static", "learned"),
     "batch.max_requests": (8, 2), "batch.max_tokens": (4096, 256), "batch.timeout_ms": (0.0, 200.0),
     "batch.chunked_prefill": (0, 256), "batch.cuda_graph_max_bs": (0, 64), "memory.fraction_static": (0.9, 0.2),
     "kv.dtype": ("auto", "fp8_e4m3"), "weights.dtype": ("auto", "fp8"), "attention.backend": ("fa3", "flashinfer"),
@@ -51,10 +51,15 @@ def _with(name: str, value: Any) -> dict[str, Any]:
     return {**engine_defaults(), **BASE, **CONTEXT.get(name, {}), name: value}
 
 
+# the learned choices run the profile's policy files: any committed pair serves to see that the simulator reads them
+POLICIES = {"verify_policy": str(ROOT / "dspark_core/assets/smollm2-135m/policy_cpu_bf16_markov.json"),
+            "gamma_policy": str(ROOT / "dspark_core/assets/smollm2-135m/gamma_cpu_bf16_markov.json")}
+
+
 def _profile():
     from profiler.schema import Profile
 
-    return Profile.model_validate(QWEN3_8B_H100)
+    return Profile.model_validate({**QWEN3_8B_H100, "drafter": {**QWEN3_8B_H100.get("drafter", {}), **POLICIES}})
 
 
 def _render(reader: str, params: dict[str, Any]) -> str:
