@@ -1,12 +1,17 @@
-"""The learned verify-length policy against Algorithm 1 through `serve`, bursty arrivals, concurrency 1, 8 and 16.
+"""The learned policies through `serve`, bursty arrivals, concurrency 1, 8 and 16.
 
-Usage: python benchmarks/bench_learned_serve.py [--policy PATH] [--loads 1,8,16] [--passes 2] [--max-tokens 96]
-Needs `python cli.py models fetch smollm2-135m`, the committed markov drafter and a trained policy (default: the one
-benchmarks/bench_learned.py writes). Per load c: two servers (spec.scheduler prefix and learned, batch.max_requests
-c, bf16, block 8), and one open-loop plan of 3c + 4 held-out code requests whose Poisson arrivals alternate a burst
-(2c requests/s for 2 s) with a lull (0.2/s for 6 s), so the queue fills and drains. Passes alternate the two servers
-on the same plan; the table gives output tokens/s over each pass (first arrival to last token) and p99 TPOT / TTFT.
-Writes results/smollm2_learned_serve.json and the RESULTS.md section between the `learned_serve` markers.
+Usage: python benchmarks/bench_learned_serve.py [--arms verify|gamma] [--loads 1,8,16] [--passes 2] [--max-tokens 96]
+Needs `python cli.py models fetch smollm2-135m`, the committed markov drafter and its policies (benchmarks/
+bench_learned.py and bench_gamma.py write them). `--arms verify` (the learned verify length against Algorithm 1):
+servers with spec.scheduler prefix and learned at block 8, held-out code prompts. `--arms gamma` (the learned block
+length against static blocks): plain decoding, blocks 2 and 4 (the best static blocks of the closed-batch runs) and
+the learned block within 8, all verify_all, on held-out code and chat prompts interleaved (code 0.., chat 0..; the
+policy was trained on others). Per load c: every arm's server (batch.max_requests c, bf16), and one open-loop plan
+of 3c + 4 requests whose Poisson arrivals alternate a burst (2c requests/s for 2 s) with a lull (0.2/s for 6 s), so
+the queue fills and drains. Passes cycle the servers on the same plan, in reversed order every other pass; the table
+gives output tokens/s over each pass (first arrival to last token) and p99 TPOT / TTFT. Writes
+results/smollm2_learned_serve.json (verify) or smollm2_gamma_serve.json (gamma) and the RESULTS.md section between the
+`learned_serve` / `gamma_serve` markers.
 """
 
 from __future__ import annotations
@@ -24,52 +29,75 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.results_md import write_section  # noqa: E402
 
-SCHEDULERS = ("prefix", "learned")
+ASSETS = ROOT / "dspark_core" / "assets" / "smollm2-135m"
+PROMPTS = ROOT / "benchmarks" / "prompts"
+# arm -> engine settings (spec.enabled, scheduler, block, gamma_policy); `learned` is compared with the others
+ARMS = {
+    "verify": {"prefix": (True, "prefix", 8, "static"), "learned": (True, "learned", 8, "static")},
+    "gamma": {"plain": (False, "verify_all", 8, "static"), "block 2": (True, "verify_all", 2, "static"),
+              "block 4": (True, "verify_all", 4, "static"), "learned": (True, "verify_all", 8, "learned")},
+}
+SECTION = {"verify": "learned_serve", "gamma": "gamma_serve"}
+
+
+def prompts(arms: str) -> list[str]:
+    """Held-out code prompts (verify), or code and chat interleaved (gamma)."""
+    from dspark_core.cli.prompts import load_prompts
+
+    code = [r.prompt for r in load_prompts(PROMPTS / "heldout_code.jsonl")]
+    if arms == "verify":
+        return code
+    chat = [r.prompt for r in load_prompts(PROMPTS / "heldout_chat.jsonl")]
+    return [t for pair in zip(code[:8], chat[:8], strict=True) for t in pair]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--policy", type=Path,
-                    default=ROOT / "dspark_core" / "assets" / "smollm2-135m" / "policy_cpu_bf16_markov.json")
-    ap.add_argument("--prompts", type=Path, default=ROOT / "benchmarks" / "prompts" / "heldout_code.jsonl")
+    ap.add_argument("--arms", choices=tuple(ARMS), default="verify")
+    ap.add_argument("--policy", type=Path, default=ASSETS / "policy_cpu_bf16_markov.json")
+    ap.add_argument("--gamma-policy", type=Path, default=ASSETS / "gamma_cpu_bf16_markov.json")
     ap.add_argument("--loads", default="1,8,16")
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
 
-    from dspark_core.cli.prompts import load_prompts
     from dspark_core.config import EngineConfig, save_config
     from dspark_core.modeling.checkpoint import checkpoint_folder
     from live.loadgen import Target, run
     from live.traffic import Planned, poisson_arrivals
     from tests.serving import Server
 
-    if not a.policy.is_file():
-        sys.exit(f"no policy at {a.policy}: run benchmarks/bench_learned.py first or pass --policy")
+    policy = a.policy if a.arms == "verify" else a.gamma_policy
+    if not policy.is_file():
+        sys.exit(f"no policy at {policy}: run benchmarks/bench_learned.py / bench_gamma.py first or pass it")
+    arms = ARMS[a.arms]
     tmp = Path(tempfile.mkdtemp(prefix="bench-learned-serve-"))
-    texts = [r.prompt for r in load_prompts(a.prompts)]
+    texts = prompts(a.arms)
     results: dict[str, dict] = {}
     for c in (int(x) for x in a.loads.split(",")):
         n = 3 * c + 4
         plan = [Planned(i, texts[i % len(texts)], a.max_tokens) for i in range(n)]
         arrivals = poisson_arrivals([(2.0 * c, 2.0), (0.2, 6.0)], n, seed=c)
         servers = {}
-        for name in SCHEDULERS:
+        for name, (enabled, scheduler, block, gamma_policy) in arms.items():
             cfg = EngineConfig(device="cpu")
-            cfg.drafter.method, cfg.spec.head, cfg.spec.scheduler = "dspark", "markov", name  # type: ignore[assignment]
+            cfg.drafter.method = "dspark" if enabled else "plain"
+            cfg.spec.enabled, cfg.spec.head, cfg.spec.scheduler = enabled, "markov", scheduler  # type: ignore[assignment]
             cfg.model.path, cfg.weights.dtype = str(checkpoint_folder("smollm2-135m")), "bf16"
-            cfg.spec.block_size, cfg.model.max_seq_len, cfg.batch.max_requests = 8, 1024, c
-            cfg.spec.policy_path = str(a.policy.resolve()) if name == "learned" else None
-            servers[name] = Server(save_config(cfg, tmp / f"{name}_c{c}.yaml"), "--threads", str(a.threads),
-                                   "--static")
+            cfg.spec.block_size, cfg.model.max_seq_len, cfg.batch.max_requests = block, 1024, c
+            cfg.spec.gamma_policy = gamma_policy  # type: ignore[assignment]
+            cfg.spec.policy_path = str(a.policy.resolve()) if scheduler == "learned" else None
+            cfg.spec.gamma_policy_path = str(a.gamma_policy.resolve()) if gamma_policy == "learned" else None
+            servers[name] = Server(save_config(cfg, tmp / f"{name.replace(' ', '')}_c{c}.yaml"), "--threads",
+                                   str(a.threads), "--static")
         try:
             targets = {k: Target.parse(s.url, None) for k, s in servers.items()}
             for t in targets.values():
                 run(t, plan[: min(c, 2)], None, c, 600.0, 0.0, True)  # warm-up
-            passes: dict[str, list[dict]] = {k: [] for k in SCHEDULERS}
+            passes: dict[str, list[dict]] = {k: [] for k in arms}
             for p in range(a.passes):
-                for name in (SCHEDULERS if p % 2 == 0 else SCHEDULERS[::-1]):
+                for name in (list(arms) if p % 2 == 0 else list(arms)[::-1]):
                     recs, secs = run(targets[name], plan, arrivals, c, 1800.0, 0.0, True)
                     ok = [r for r in recs if r.complete]
                     if len(ok) != len(recs):
@@ -88,22 +116,33 @@ def main() -> None:
                 s.stop()
         results[f"c{c}"] = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} | {"passes": v}
                             for k, v in passes.items()}
-    out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "policy": str(a.policy),
+    out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "arms": a.arms, "policy": str(policy),
            "max_tokens": a.max_tokens, "results": results}
-    (ROOT / "benchmarks" / "results" / "smollm2_learned_serve.json").write_text(json.dumps(out, indent=2) + "\n")
-    lines = [f"## Learned verify length through `serve`, bursty arrivals (SmolLM2-135M, bf16, {out['date'][:10]})", "",
-             f"`python benchmarks/bench_learned_serve.py --loads {a.loads} --passes {a.passes} --max-tokens "
-             f"{a.max_tokens} --threads {a.threads}`: medians over passes (alternating servers, same plan).", "",
-             "| load | scheduler | tokens/s | learned / prefix | mean TPOT ms | p99 TPOT ms | p99 TTFT ms |",
+    name = "smollm2_learned_serve.json" if a.arms == "verify" else "smollm2_gamma_serve.json"
+    (ROOT / "benchmarks" / "results" / name).write_text(json.dumps(out, indent=2) + "\n")
+    lines = render(out, a)
+    write_section(SECTION[a.arms], "\n".join(lines))
+    print("\n".join(lines))
+
+
+def render(out: dict, a: argparse.Namespace) -> list[str]:
+    what = "verify length" if a.arms == "verify" else "block length"
+    others = [k for k in ARMS[a.arms] if k != "learned"]
+    spec = [k for k in others if ARMS[a.arms][k][0]]  # the speculative arms learned is measured against
+    label = "learned / prefix" if a.arms == "verify" else "learned / best static block"
+    lines = [f"## Learned {what} through `serve`, bursty arrivals (SmolLM2-135M, bf16, {out['date'][:10]})", "",
+             f"`python benchmarks/bench_learned_serve.py --arms {a.arms} --loads {a.loads} --passes {a.passes} "
+             f"--max-tokens {a.max_tokens} --threads {a.threads}`: medians over passes (servers cycled, same plan).",
+             "",
+             f"| load | arm | tokens/s | {label} | mean TPOT ms | p99 TPOT ms | p99 TTFT ms |",
              "|---:|---|---:|---:|---:|---:|---:|"]
-    for load, res in results.items():
-        ratio = res["learned"]["tokens_per_s"] / res["prefix"]["tokens_per_s"]
-        for name in SCHEDULERS:
+    for load, res in out["results"].items():
+        ratio = res["learned"]["tokens_per_s"] / max(res[k]["tokens_per_s"] for k in spec)
+        for name in ARMS[a.arms]:
             r = res[name]
             lines.append(f"| {load} | {name} | {r['tokens_per_s']:.1f} | {ratio:.3f} | {r['mean_tpot_ms']:.0f} | "
                          f"{r['p99_tpot_ms']:.0f} | {r['p99_ttft_ms']:.0f} |")
-    write_section("learned_serve", "\n".join(lines))
-    print("\n".join(lines))
+    return lines
 
 
 if __name__ == "__main__":

@@ -88,8 +88,11 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_learned_tune."))
     url = f"sqlite:///{work / 'kb.sqlite'}"
     env = {**os.environ, "DSPARK_DB": url}
-    code = [json.loads(x) for x in (HERE / "prompts" / "heldout_code.jsonl").read_text().splitlines()]
-    chats = [json.loads(x) for x in (HERE / "prompts" / "heldout_chat.jsonl").read_text().splitlines()]
+    def load(name: str) -> list[dict]:  # a workload file takes prompt and domain only
+        rows = [json.loads(x) for x in (HERE / "prompts" / name).read_text().splitlines()]
+        return [{"prompt": r["prompt"], "domain": r["domain"]} for r in rows]
+
+    code, chats = load("heldout_code.jsonl"), load("heldout_chat.jsonl")
     prompts = mixed(code[:8], chats[:8], work / "heldout_mixed.jsonl")
     prof = ["profile", "--model", MODEL, "--gpu", "cpu", "--workload", str(prompts), "--concurrency",
             str(args.concurrency), "--slo-ttft-ms", "0", "--slo-tpot-ms", "0", "--json"]

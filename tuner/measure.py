@@ -50,14 +50,26 @@ class MeasureEvaluator(Evaluator):
         self.path = _checkpoint(profile)
         self.base = EngineConfig()
         self.base.model.path = str(self.path)
-        if dtype is not None:  # the target's weights are loaded once: every trial runs them in this dtype
+        self.fixed_dtype = dtype  # every trial runs the weights in this dtype (None: in the trial's weights.dtype)
+        if dtype is not None:
             self.base.weights.dtype = dtype  # type: ignore[assignment]
-        self.target = load_model(self.path, self.base.device, self.base.weights.dtype)
+        self.dtype = self.base.weights.dtype  # the dtype `target` holds
+        self.target = load_model(self.path, self.base.device, self.dtype)
         self.tokenizer = Tokenizer.load(self.path, self.target.arch.eos_ids)
         self.prompts = self._prompts(n_prompts)
         self.max_new_tokens = max_new_tokens
         self.trial_limit_s = trial_limit_s  # a configuration slower than this is measured on what it did by then
-        self._sps: dict[int, Any] = {}
+        self._sps: dict[tuple[str, int], Any] = {}  # (weights dtype, batch tokens) -> measured SPS table
+
+    def target_for(self, dtype: str):  # -> LeanModel
+        """The target in the weights dtype a trial runs: one copy is held and reloaded when the dtype changes (two
+        copies of a large model may not fit), so a trial never runs other weights than its parameters say."""
+        from dspark_core.modeling.checkpoint import load_model
+
+        if dtype != self.dtype:
+            self.target = None  # free the old copy before the new one is read
+            self.target, self.dtype = load_model(self.path, self.base.device, dtype), dtype
+        return self.target
 
     def _prompts(self, n: int) -> list[str]:
         from dspark_core.cli.prompts import load_prompts
@@ -83,6 +95,8 @@ class MeasureEvaluator(Evaluator):
         if cfg.spec.enabled:
             cfg.drafter.path = str(drafter_folder(cfg))
         cfg.device = self.base.device
+        if self.fixed_dtype is not None:
+            cfg.weights.dtype = self.base.weights.dtype
         cfg.batch.max_requests = min(cfg.batch.max_requests, len(self.prompts))
         cfg.parallel = type(cfg.parallel)()  # the bundled engine runs one device
         cfg.sampling.max_new_tokens = self.max_new_tokens
@@ -99,7 +113,7 @@ class MeasureEvaluator(Evaluator):
         try:
             cfg = self.config(params)
             cfg.sampling.seed = seed
-            engine = Engine(cfg, target=self.target, tokenizer=self.tokenizer)
+            engine = Engine(cfg, target=self.target_for(cfg.weights.dtype), tokenizer=self.tokenizer)
             gen = engine.generate(self.prompts, cfg.sampling, time_limit_s=self.trial_limit_s)
         except (DSparkError, TunerError) as e:  # TunerError: a learned choice without its policy
             return Evaluation({}, False, str(e))
@@ -122,6 +136,7 @@ class MeasureEvaluator(Evaluator):
 
         gamma = int(params["spec.block_size"])
         budget = min(int(params["batch.max_tokens"]), int(params["batch.max_requests"]) * (gamma + 1))
-        if budget not in self._sps:
-            self._sps[budget] = profile_target_sps(self.target, max(2, budget))
-        return self._sps[budget]
+        dtype = self.config(params).weights.dtype
+        if (dtype, budget) not in self._sps:
+            self._sps[dtype, budget] = profile_target_sps(self.target_for(dtype), max(2, budget))
+        return self._sps[dtype, budget]

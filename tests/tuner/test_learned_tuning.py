@@ -144,3 +144,20 @@ def test_a_measured_trial_runs_both_learned_policies_in_the_engine():
     out = ev.evaluate(params)
     assert out.feasible, out.why
     assert out.metrics["throughput"] > 0 and str(ASSETS) in str(ev.path.resolve())
+
+
+def test_the_screen_tries_the_learned_block_where_the_plan_searches_it():
+    """The study's first trials vary spec.gamma_policy one at a time from the start point, so TPE sees both."""
+    import optuna
+
+    from tuner.design import screen, start_point
+    from tuner.space import space_from_plan
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = space_from_plan(match_profile(list(_rules()), _profile(16)))
+    assert start_point(space)["spec.gamma_policy"] == "static"
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    screen(study, space, lambda t: float(space.suggest(t)["spec.gamma_policy"] == "learned"), budget=20,
+           score=lambda t: t.value)
+    tried = [t.params.get("spec.gamma_policy") for t in study.trials]
+    assert tried[0] == "static" and "learned" in tried  # after the capacity and block-length moves

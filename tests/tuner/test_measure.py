@@ -31,3 +31,15 @@ def test_plain_run_reports_real_latencies(evaluator):
 def test_measured_sps_table_is_valid(evaluator):
     sps = evaluator.sps_table({**engine_defaults(), "spec.block_size": 3, "batch.max_requests": 2})
     assert sps.max_batch_tokens == 8 and all(s > 0 for s in sps.sample_steps_per_sec)
+
+
+def test_a_trial_runs_the_weights_dtype_it_names(evaluator):
+    """The target is loaded once per dtype: a bf16 trial runs bf16 weights, the next fp32 trial fp32 ones."""
+    import torch
+
+    base = {**engine_defaults(), "spec.enabled": False, "batch.max_requests": 3}
+    assert evaluator.evaluate({**base, "weights.dtype": "bf16"}).feasible
+    assert evaluator.target.embed.weight.dtype == torch.bfloat16 and evaluator.dtype == "bf16"
+    assert evaluator.sps_table({**base, "weights.dtype": "bf16", "spec.block_size": 1}).max_batch_tokens == 6
+    assert evaluator.evaluate({**base, "weights.dtype": "auto"}).feasible
+    assert evaluator.target.embed.weight.dtype == torch.float32
