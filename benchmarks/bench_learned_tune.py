@@ -9,7 +9,8 @@ Needs `python cli.py models fetch smollm2-135m` and the committed SmolLM2 drafte
 2. `cli.py tune --trials N` on it: every trial a real engine run of the workload's first 8 prompts;
 3. the exported bundle's dspark.yaml through `cli.py generate` (it must run as shipped, with its policy files);
 4. the best trial against itself with each learned choice switched to its static counterpart (scheduler -> prefix,
-   gamma_policy -> static), measured interleaved, `--repeats` passes, by the measure evaluator the study used;
+   gamma_policy -> static) and against plain decoding, measured interleaved, `--repeats` passes, by the measure
+   evaluator the study used;
 then writes results/smollm2_learned_tune.json and, with --write, the RESULTS.md `learned_tune` section.
 """
 
@@ -73,6 +74,7 @@ def variants(best: dict) -> dict[str, dict]:
     if len(out) == 1:  # the tuner chose neither: measure what switching them on would have done
         out["scheduler=learned"] = {**best, "spec.scheduler": "learned"}
         out["gamma_policy=learned"] = {**best, "spec.gamma_policy": "learned"}
+    out["plain decoding"] = {**best, "spec.enabled": False}  # what the deployment would do without speculation
     return out
 
 
@@ -83,7 +85,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write", action="store_true", help="write the RESULTS.md section")
+    ap.add_argument("--render", type=Path, help="only write the RESULTS.md section of this earlier results JSON")
     args = ap.parse_args()
+    if args.render:
+        write_section("learned_tune", render(json.loads(args.render.read_text()), args))
+        return
     sys.path.insert(0, str(ROOT))
     work = Path(tempfile.mkdtemp(prefix="bench_learned_tune."))
     url = f"sqlite:///{work / 'kb.sqlite'}"
@@ -141,7 +147,8 @@ def render(r: dict, args: argparse.Namespace) -> str:
              f"`{Path(r['profile_drafter'].get('verify_policy') or '-').name}` and "
              f"`{Path(r['profile_drafter'].get('gamma_policy') or '-').name}`. Every trial: the workload's first 8 "
              "prompts, 48 new tokens, the real engine.", "",
-             "| trial | " + " | ".join(p.split(".", 1)[1] for p in SHOWN) + " | tok/s | tau |",
+             "| trial | " + " | ".join(p.removeprefix("spec.").removeprefix("batch.") for p in SHOWN)
+             + " | tok/s | tau |",
              "|---:|" + "---|" * len(SHOWN) + "---:|---:|"]
     for t in r["trials"]:
         p, m = t["params"], t["metrics"]

@@ -66,9 +66,11 @@ def test_profile_finds_the_policies_committed_for_its_hardware(tmp_path):
 
 
 def test_rules_search_learned_only_with_a_policy_and_under_load():
-    loaded = match_profile(list(_rules()), _profile(16))
+    loaded = match_profile(list(_rules()), _profile(8))
     assert "learned" in _values(loaded, "spec.scheduler") and "prefix" in _values(loaded, "spec.scheduler")
     assert _values(loaded, "spec.gamma_policy") == ["static", "learned"]
+    busy = match_profile(list(_rules()), _profile(16))  # beyond the 8-request rounds the block policy learned from
+    assert "learned" in _values(busy, "spec.scheduler") and "spec.gamma_policy" not in busy.space
     idle = match_profile(list(_rules()), _profile(1))  # measured: ties at concurrency 1, not worth a trial
     assert "learned" not in _values(idle, "spec.scheduler") and "spec.gamma_policy" not in idle.space
     bare = match_profile(list(_rules()), _profile(16, policies=False))
@@ -154,7 +156,7 @@ def test_the_screen_tries_the_learned_block_where_the_plan_searches_it():
     from tuner.space import space_from_plan
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    space = space_from_plan(match_profile(list(_rules()), _profile(16)))
+    space = space_from_plan(match_profile(list(_rules()), _profile(8)))
     assert start_point(space)["spec.gamma_policy"] == "static"
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
     screen(study, space, lambda t: float(space.suggest(t)["spec.gamma_policy"] == "learned"), budget=20,
