@@ -39,7 +39,7 @@ SHOWN = ("spec.scheduler", "spec.gamma_policy", "spec.head", "spec.block_size", 
 def cli(args: list[str], env: dict[str, str]) -> str:
     print("+ python cli.py " + " ".join(args), flush=True)
     proc = subprocess.run([sys.executable, "cli.py", *args], cwd=ROOT, capture_output=True, text=True, env=env)
-    if proc.returncode not in (0,):
+    if proc.returncode != 0:
         sys.exit(f"cli.py {args[0]} failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
     return proc.stdout
 

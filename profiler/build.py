@@ -232,14 +232,12 @@ def build_profile(model: str | None, gpu: str | None, workload: str | WorkloadPr
         profile.drafter, d_notes = drafter_profile(drafter, mp.name, committed)
         notes += d_notes
         if committed is not None and drafter in (None, "auto") and profile.drafter.id:
-            from profiler.drafter import measured_acceptance
+            from profiler.drafter import committed_policies, measured_acceptance
 
             accept, a_notes = measured_acceptance(committed, wl.domain)
             notes += a_notes
             if accept is not None:
                 profile.accept = accept
-            from profiler.drafter import committed_policies
-
             head = profile.accept.drafter.rsplit("/", 1)[-1] if profile.accept.drafter else None
             policies, p_notes = committed_policies(committed, profile.hw, head)
             profile.drafter = profile.drafter.model_copy(update=policies)

@@ -16,6 +16,9 @@ from tuner.errors import TunerError
 
 HF_URL = re.compile(r"^https?://huggingface\.co/([^/\s]+)/([^/\s]+)")
 SEQ_ALIGN = 256  # max_seq_len is rounded up to this many positions
+# a learned choice -> the profile's policy field, the command that trains one, the engine field that runs it
+LEARNED = (("spec.scheduler", "verify_policy", "train-policy", "policy_path"),
+           ("spec.gamma_policy", "gamma_policy", "train-gamma-policy", "gamma_policy_path"))
 
 
 def model_ref(profile: Profile) -> str:
@@ -45,15 +48,14 @@ def learned_policies(profile: Profile, params: dict[str, Any]) -> dict[str, str]
     """Engine field -> the profile's policy file for each learned choice in `params` (spec.scheduler /
     spec.gamma_policy `learned`); one line naming the fix when the profile has no such policy."""
     out = {}
-    for param, field, trainer in (("spec.scheduler", "verify_policy", "train-policy"),
-                                  ("spec.gamma_policy", "gamma_policy", "train-gamma-policy")):
+    for param, field, trainer, key in LEARNED:
         if params.get(param) != "learned":
             continue
         path = getattr(profile.drafter, field)
         if not path:
             raise TunerError(f"{param} is 'learned' but the profile has no drafter.{field}: train one on this "
                              f"drafter's round logs with `python cli.py {trainer}` and commit it beside the drafters")
-        out["policy_path" if field == "verify_policy" else "gamma_policy_path"] = path
+        out[key] = path
     return out
 
 

@@ -71,6 +71,10 @@ class MeasureEvaluator(Evaluator):
             self.target, self.dtype = load_model(self.path, self.base.device, dtype), dtype
         return self.target
 
+    def _dtype(self, params: dict[str, Any]) -> str:
+        """The weights dtype a trial of `params` runs."""
+        return self.fixed_dtype or str(params["weights.dtype"])
+
     def _prompts(self, n: int) -> list[str]:
         from dspark_core.cli.prompts import load_prompts
 
@@ -95,8 +99,7 @@ class MeasureEvaluator(Evaluator):
         if cfg.spec.enabled:
             cfg.drafter.path = str(drafter_folder(cfg))
         cfg.device = self.base.device
-        if self.fixed_dtype is not None:
-            cfg.weights.dtype = self.base.weights.dtype
+        cfg.weights.dtype = self._dtype(params)  # type: ignore[assignment]
         cfg.batch.max_requests = min(cfg.batch.max_requests, len(self.prompts))
         cfg.parallel = type(cfg.parallel)()  # the bundled engine runs one device
         cfg.sampling.max_new_tokens = self.max_new_tokens
@@ -136,7 +139,7 @@ class MeasureEvaluator(Evaluator):
 
         gamma = int(params["spec.block_size"])
         budget = min(int(params["batch.max_tokens"]), int(params["batch.max_requests"]) * (gamma + 1))
-        dtype = self.config(params).weights.dtype
+        dtype = self._dtype(params)
         if (dtype, budget) not in self._sps:
             self._sps[dtype, budget] = profile_target_sps(self.target_for(dtype), max(2, budget))
         return self._sps[dtype, budget]

@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from dspark_core.modeling.model import LeanModel
 
 
-
-
 @dataclass
 class EngineScheduler:
     """VerifyScheduler over a policy from schedulers.py plus the regulator."""
@@ -78,9 +76,6 @@ class EngineScheduler:
         """Whether anything reads the per-round features (entropies, rolling acceptance): learned policy, log."""
         return self.log is not None or isinstance(self.policy, LearnedScheduler) or self.gamma_policy is not None
 
-    def _recent(self, slot: int) -> float:
-        return self.acceptance.get(slot)
-
     @property
     def plans_blocks(self) -> bool:
         """Whether `round_block` picks the blocks (spec.gamma_policy learned or explore); else the engine skips it."""
@@ -100,7 +95,7 @@ class EngineScheduler:
             return block
         self._round_start = time.perf_counter()
         g = min(block, self.gamma_policy.gamma_max)
-        survival = [self.gamma_policy.survival(self._recent(slot), text_features(toks, self.classes), g)
+        survival = [self.gamma_policy.survival(self.acceptance.get(slot), text_features(toks, self.classes), g)
                     for slot, toks, _ in running]
         caps = [max(0, min(cap, self.regulator.gamma_for(slot))) for slot, _, cap in running]
         plan = choose_blocks(self.gamma_policy, self.sps, survival, caps, g, sum(len(t) for _, t, _ in running))
@@ -121,7 +116,7 @@ class EngineScheduler:
         if self._features():
             ent = proposal.entropy.tolist() if proposal.entropy is not None else [[] for _ in rows]
             ent = [row[:n] for row, n in zip(ent, nums, strict=True)]
-            recent = [self._recent(r.slot) for r in requests]
+            recent = [self.acceptance.get(r.slot) for r in requests]
             if isinstance(self.policy, LearnedScheduler):
                 self.policy.context = RoundContext(recent_acceptance=recent, entropy=ent)
         lengths = self.policy.schedule(rows)
@@ -141,7 +136,8 @@ class EngineScheduler:
             self._round_start = time.perf_counter()
         n = len(requests)  # (no _batch: a plain step says nothing of the speculative rounds' overhead)
         self._seen = dict(running=n, waiting=self.waiting, confidence=[[] for _ in requests],
-                          entropy=[[] for _ in requests], recent_acceptance=[self._recent(r.slot) for r in requests],
+                          entropy=[[] for _ in requests],
+                          recent_acceptance=[self.acceptance.get(r.slot) for r in requests],
                           verified=[0] * n, batch_tokens=n, drafted=[0] * n,
                           text=[text_features(r.tokens, self.classes) for r in requests],
                           context=[len(r.tokens) for r in requests])
