@@ -63,6 +63,12 @@ class SpecSection(_Section):
     gamma_policy_path: str | None = None  # learned block-length policy JSON (`train-gamma-policy`)
 
 
+# spec fields a running engine takes between requests (Engine.reconfigure, `serve --reconfigurable`): how many
+# drafted tokens are verified and the policy files behind it; not what sizes the drafter, the KV cache or the SPS table
+HOT_SPEC = ("scheduler", "confidence_threshold", "max_verify_tokens", "fallback_acceptance", "adaptive_gamma",
+            "gamma_policy", "policy_path", "gamma_policy_path")
+
+
 class BatchSection(_Section):
     """Batching (`batch.*`)."""
 

@@ -13,13 +13,13 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dspark_core.config import EngineConfig
+from dspark_core.config import HOT_SPEC, EngineConfig, SpecSection, apply_params
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult, VerifyAll, VerifyScheduler
-from dspark_core.errors import DSparkError
+from dspark_core.errors import DSparkError, EngineBusy
 from dspark_core.kernels.spec import use_triton
 from dspark_core.stats import GenStats
 from dspark_core.verification.sampling import SamplingParams, sampling_probs
@@ -107,14 +107,7 @@ class Engine:
 
             drafter = build_drafter(c.drafter.method, c, self.target)
         self.drafter = drafter
-        self.scheduler = scheduler if scheduler is not None else build_scheduler(c, self.target)
-        if hasattr(drafter, "want_entropy"):  # a feature of the learned scheduler and of the round log
-            drafter.want_entropy = c.spec.scheduler == "learned" or c.spec.round_log is not None  # type: ignore[union-attr]
-        if hasattr(self.scheduler, "classes") and (c.spec.gamma_policy == "learned" or c.spec.round_log):
-            from dspark_core.verification.gamma_policy import TokenClasses
-
-            if tokenizer is not None:  # the gamma policy's token-class features (none without a tokenizer)
-                self.scheduler.classes = TokenClasses.from_tokenizer(tokenizer)  # type: ignore[union-attr]
+        self._install(scheduler if scheduler is not None else build_scheduler(c, self.target))
         _install_kernel_configs(c, self.target.device)
         self.cache = self.target.new_cache(c.batch.max_requests, c.model.max_seq_len, dtype=kv_dtype(c, self.target))
         self.stats = GenStats(method=self.drafter.name if self.drafter else "plain")  # since the last reset_stats
@@ -125,6 +118,35 @@ class Engine:
         self._next_id = 0
         self.gamma_cap: int | None = None  # serve's engine-wide block length under load (0: plain decoding)
         self.admit_cap: int | None = None  # serve's cap on running requests (None: every free slot)
+
+    def _install(self, scheduler: VerifyScheduler) -> None:
+        """Make `scheduler` the engine's, with the features its policies read from the drafter and tokenizer."""
+        c = self.config
+        self.scheduler = scheduler
+        if hasattr(self.drafter, "want_entropy"):  # a feature of the learned scheduler and of the round log
+            self.drafter.want_entropy = c.spec.scheduler == "learned" or c.spec.round_log is not None  # type: ignore[union-attr]
+        if hasattr(scheduler, "classes") and (c.spec.gamma_policy == "learned" or c.spec.round_log):
+            from dspark_core.verification.gamma_policy import TokenClasses
+
+            if self.tokenizer is not None:  # the gamma policy's token-class features (none without a tokenizer)
+                scheduler.classes = TokenClasses.from_tokenizer(self.tokenizer)  # type: ignore[union-attr]
+
+    def reconfigure(self, spec: dict[str, Any]) -> SpecSection:
+        """Change the verify-length settings (config.HOT_SPEC fields of `spec`) between requests, without reloading
+        the weights: a live study varies them within one server life. Refused while requests are in flight (their
+        rounds hold the old scheduler's per-request state) and for any other field; all or nothing."""
+        cold = sorted(set(spec) - set(HOT_SPEC))
+        if cold:
+            raise DSparkError(f"spec fields {', '.join(cold)} need a restart; only {', '.join(HOT_SPEC)} change on a "
+                              "running engine")
+        if self.has_work():
+            raise EngineBusy(f"{self.num_running + self.num_waiting} requests are in flight; reconfigure between "
+                              "requests")
+        config = apply_params(self.config, {f"spec.{k}": v for k, v in spec.items()})
+        scheduler = build_scheduler(config, self.target)  # raises before anything changed (a missing policy file)
+        self.config = config
+        self._install(scheduler)
+        return config.spec
 
     # -- online API -------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], sampling: SamplingParams | None = None,

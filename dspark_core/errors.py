@@ -3,3 +3,7 @@
 
 class DSparkError(Exception):
     """A one-line, user-facing problem: what, where, how to fix."""
+
+
+class EngineBusy(DSparkError):
+    """The engine refused a change because requests are in flight (serve answers 409: retry when idle)."""

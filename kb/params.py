@@ -24,6 +24,7 @@ class ParamSpec:
     readers: tuple[str, ...] = ()  # what reads it: engine, simulator, sglang, vllm (none = inert)
     design: bool = False  # a drafter checkpoint's property: modelled to advise a drafter, never exported
     default: Any = None  # its value when neither planned nor in the engine's config (design parameters)
+    hot: tuple[str, ...] = ()  # readers that take a new value without a restart (a running server reconfigured)
 
     @property
     def searchable(self) -> bool:
@@ -52,8 +53,12 @@ def _registry() -> tuple[dict[str, ParamSpec], tuple[ParamSpec, ...]]:
         unknown = set(readers) - set(READERS)
         if unknown:
             raise ValueError(f"{PARAMS_FILE}: {name} names unknown readers {sorted(unknown)}; use {', '.join(READERS)}")
+        hot = tuple(d.get("hot", ()))
+        if set(hot) - set(readers):
+            raise ValueError(f"{PARAMS_FILE}: {name} is hot for {sorted(set(hot) - set(readers))}, which do not read "
+                             "it; list them in its readers or drop them from hot")
         return ParamSpec(name, d["type"], tuple(d["domain"]) if "domain" in d else None, d.get("doc", ""), readers,
-                         bool(d.get("design", False)), d.get("default"))
+                         bool(d.get("design", False)), d.get("default"), hot)
 
     named = {name: spec(name, d) for name, d in data["params"].items()}
     patterns = tuple(spec(p["prefix"], p) for p in data["patterns"])

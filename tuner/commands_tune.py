@@ -157,6 +157,9 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                                                               "tokens (default: the workload's lengths).")] = None,
          startup_seconds: Annotated[float, typer.Option(min=1.0, help="--engine: a server not healthy after this "
                                                         "long is a failed trial.")] = 600.0,
+         hot_trials: Annotated[int, typer.Option(min=0, help="--engine: after the screen, trials that vary only "
+                                                 "the settings a running server takes without a restart, on each "
+                                                 "newly started one (dspark: the verify-length settings).")] = 2,
          load: Annotated[str, typer.Option(help="--engine: closed (closed loop at the profiled concurrency) or sweep "
                                                 "(then open-loop rates below it: throughput at the SLOs).")] = "closed",
          calibrated: Annotated[bool, typer.Option("--calibration/--no-calibration", help="Simulate: scale times by "
@@ -233,7 +236,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
             spec.calibration = lookup(database, profile.hw.name, profile.model.name)
         if engine is not None:
             spec = _live_spec(spec, engine, engine_python, draft, trial_requests, trial_max_tokens, startup_seconds,
-                              quiet=as_json).model_copy(update={"live_load": load})
+                              quiet=as_json).model_copy(update={"live_load": load, "hot_trials": hot_trials})
         study_name = study_name or _default_study(profile, plan_json, chosen, objectives, seed, priced,
                                                   spec.calibration)
         st.open_study(url, study_name, spec)

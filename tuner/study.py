@@ -56,6 +56,7 @@ class StudySpec(BaseModel):
     live_max_tokens: int | None = None  # cap on each request's output tokens (None: the workload's lengths)
     live_load: Literal["closed", "sweep"] = "closed"  # closed loop, or then open-loop rates (throughput at SLO)
     startup_seconds: float = 600.0  # a server not healthy after this long is a failed trial
+    hot_trials: int = 2  # live, after the screen: trials that vary only hot settings on each newly started server
     prior: dict[str, Any] | None = None  # live: the simulated optimum of the same space, run after trial 0
     calibration: dict[str, Any] | None = None  # simulate: live trials' time scale on this hardware (scale, source)
 
@@ -198,7 +199,7 @@ def open_study(db_url: str, name: str, spec: StudySpec | None):  # -> optuna.Stu
 
 
 LIVE_ATTRS = ("engine", "predicted", "startup_s", "server_starts", "reused_server", "fail_kind", "server_log",
-              "sweep", "server_key", "same_server")
+              "sweep", "server_key", "same_server", "reconfigured", "reconfigure_failed")
 INFEASIBLE = 1e3  # constraint value of a configuration that does not run: worse than any relative SLO miss
 
 
@@ -228,16 +229,17 @@ def beyond_target(trial, target: int) -> bool:
     return len(ahead) >= target
 
 
-def enqueued_twice(trial) -> int | None:
+def enqueued_twice(trial, names: set[str] | None = None) -> int | None:
     """The earlier trial holding the same enqueued configuration as `trial`, if one runs or ran: two screens that
     both found a move missing both enqueue it (the check and the insert are two transactions); the later copy is
-    dropped when it is popped instead of being run again."""
+    dropped when it is popped instead of being run again. `names`: the searched parameters; a partial enqueue
+    (`hot_siblings`: the sampler sets the rest) is no copy of anything."""
     from optuna.trial import TrialState
 
     trials = trial.study.get_trials(deepcopy=False)
     me = next((t for t in trials if t.number == trial.number), None)
     fixed = me.system_attrs.get("fixed_params") if me is not None else None
-    if not fixed:
+    if not fixed or (names is not None and set(fixed) != set(names)):
         return None
     for t in trials:
         if t.number < trial.number and t.state in (TrialState.COMPLETE, TrialState.RUNNING) and \
@@ -253,7 +255,7 @@ def objective_fn(space: SearchSpace, evaluator: Evaluator, spec: StudySpec, targ
 
         if target is not None and beyond_target(trial, target):
             raise optuna.TrialPruned(f"the study already holds its {target} trials")
-        twin = enqueued_twice(trial)
+        twin = enqueued_twice(trial, set(space.distributions))
         if twin is not None:
             raise optuna.TrialPruned(f"trial {twin} already runs this enqueued configuration")
         params = space.suggest(trial)
@@ -324,15 +326,34 @@ def run_worker(db_url: str, name: str, target: int, worker: int = 0, timeout: fl
 
                 ran = screen(study, space, objective, target, lambda t: trial_rank(t, maximizes(spec)), callbacks,
                              done=full, starts=[spec.prior] if spec.prior else None)
+            last: list[Any] = []
             while not full():
-                study.optimize(objective, n_trials=1, callbacks=callbacks, catch=())
+                study.optimize(objective, n_trials=1, callbacks=[*(callbacks or []), lambda _s, t: last.append(t)],
+                               catch=())
                 ran += 1
+                if last:
+                    hot_siblings(study, space, evaluator, last[-1], spec.hot_trials)
     finally:
         stop_heartbeats()  # a Ctrl-C inside Optuna's heartbeat start leaves a thread that blocks the exit
         close = getattr(evaluator, "close", None)
         if close is not None:  # a live study's running server stops here, even on Ctrl-C
             close()
     return ran
+
+
+def hot_siblings(study, space: SearchSpace, evaluator: Evaluator, trial, n: int) -> int:
+    """After a live trial that started its own server, queue `n` trials that keep its other parameters and let
+    the sampler choose the hot ones (params.yaml `hot`): they run on that server, reconfigured, without a restart
+    (restarts are what a live study spends its time on). Returns how many it queued."""
+    engine = getattr(evaluator, "engine", None)
+    if engine is None or n <= 0 or trial.user_attrs.get("reused_server", True) or not trial.params:
+        return 0
+    hot = engine.hot_names(engine.seen(dict(trial.params))) & set(space.distributions)  # none with speculation off
+    if not hot:
+        return 0
+    for _ in range(n):
+        study.enqueue_trial({k: v for k, v in trial.params.items() if k not in hot})
+    return n
 
 
 def completed(study) -> list[Any]:

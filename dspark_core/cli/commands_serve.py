@@ -30,6 +30,10 @@ def serve_cmd(
     slo_tpot_ms: Annotated[float | None, typer.Option(min=0.01, help="Adaptive: run at most the batch whose "
                                                       "predicted time per output token meets this.")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="torch CPU threads (default: torch's).")] = None,
+    reconfigurable: Annotated[bool, typer.Option(help="Take POST /admin/spec: the verify-length settings change "
+                                                      "between requests without a restart (tune --engine dspark "
+                                                      "uses it; anyone who reaches the port can change them).")
+                              ] = False,
 ) -> None:
     """Serve the engine: /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health."""
     import signal
@@ -64,7 +68,8 @@ def serve_cmd(
 
     app = build_app(engine, ServeOptions(model_name=name, max_waiting=max_waiting, on_ready=ready, adaptive=adaptive,
                                          ttft_slo_s=slo_ttft_ms / 1e3 if slo_ttft_ms else None,
-                                         tpot_slo_s=slo_tpot_ms / 1e3 if slo_tpot_ms else None))
+                                         tpot_slo_s=slo_tpot_ms / 1e3 if slo_tpot_ms else None,
+                                         reconfigurable=reconfigurable))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace))
     for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn re-raises the signal after its graceful shutdown: a
         signal.signal(sig, lambda *_: None)  # drained stop is a normal exit (0), not a death by signal

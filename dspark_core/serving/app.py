@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP API over one engine: /v1/completions, /v1/chat/completions (SSE streaming or
-not), /v1/models, /health, /metrics (Prometheus).
+not), /v1/models, /health, /metrics (Prometheus); with `serve --reconfigurable`, POST /admin/spec changes the
+verify-length settings between requests (a live tuning study varies them within one server life).
 
 Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) with one-line messages: 400 for a
 malformed body, unknown field, wrong type or a prompt that does not fit, 404 for another model's name, 429 with
@@ -22,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from dspark_core.errors import DSparkError
+from dspark_core.errors import DSparkError, EngineBusy
 from dspark_core.serving.batcher import Batcher
 from dspark_core.serving.chat import render
 from dspark_core.serving.driver import Chunk, Driver
@@ -44,6 +45,7 @@ class ServeOptions:
     adaptive: bool = True  # batching timeout, engine-wide speculation and SLO admission adapt to the load
     ttft_slo_s: float | None = None  # p99 TTFT target: a request predicted to miss it gets 429 (adaptive only)
     tpot_slo_s: float | None = None  # TPOT target: caps the running batch at what meets it (adaptive only)
+    reconfigurable: bool = False  # POST /admin/spec changes the verify-length settings between requests
 
 
 class ApiError(Exception):
@@ -77,10 +79,7 @@ def _one_line(exc: RequestValidationError) -> tuple[str, str | None]:
 def build_app(engine: Engine, options: ServeOptions) -> FastAPI:
     """The FastAPI app; its lifespan starts the engine thread and, at shutdown, lets in-flight requests finish."""
     state: dict[str, Any] = {"live": 0, "draining": False}
-    spec = engine.config.spec
-    metrics = Metrics(options.model_name, {"method": engine.stats.method, "head": spec.head,
-                                           "block_size": str(spec.block_size if engine.drafter else 0),
-                                           "scheduler": spec.scheduler})
+    metrics = Metrics(options.model_name, engine_info(engine))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -116,6 +115,28 @@ def build_app(engine: Engine, options: ServeOptions) -> FastAPI:
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/admin/spec")
+    async def reconfigure(request: Request) -> dict[str, Any]:
+        """Engine.reconfigure: the body is a JSON object of spec fields (config.HOT_SPEC); the answer, the spec
+        section now in force. 409 while requests are in flight."""
+        if not options.reconfigurable:
+            raise ApiError(404, "this server does not take reconfigurations; start it with serve --reconfigurable")
+        try:
+            body = await request.json()
+        except ValueError:
+            raise ApiError(400, "the body is not valid JSON; send an object of spec fields") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body must be a JSON object of spec fields, e.g. {\"scheduler\": \"prefix\"}")
+        driver: Driver = state["driver"]
+        try:
+            spec = await asyncio.wrap_future(driver.reconfigure(body))
+        except EngineBusy as e:
+            raise ApiError(409, str(e)) from None
+        except DSparkError as e:
+            raise ApiError(400, str(e)) from None
+        metrics.engine_info(engine_info(engine))
+        return {"spec": spec.model_dump(mode="json")}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -242,6 +263,13 @@ def build_app(engine: Engine, options: ServeOptions) -> FastAPI:
         return await run(body, request, prompt, body.max_completion_tokens or body.max_tokens, chat=True)
 
     return app
+
+
+def engine_info(engine: Engine) -> dict[str, str]:
+    """The labels of dspark:engine_info: what the engine runs."""
+    spec = engine.config.spec
+    return {"method": engine.stats.method, "head": spec.head,
+            "block_size": str(spec.block_size if engine.drafter else 0), "scheduler": spec.scheduler}
 
 
 def make_batcher(engine: Engine, options: ServeOptions) -> Batcher:

@@ -7,6 +7,7 @@ stop strings) and hands them to the event loop. Only this thread touches the eng
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import queue
 import threading
 import time
@@ -68,6 +69,13 @@ class Driver:
 
     def abort(self, rid: str) -> None:
         self._inbox.put(("abort", rid))
+
+    def reconfigure(self, spec: dict[str, object]) -> concurrent.futures.Future:
+        """Engine.reconfigure on the engine thread, between steps; the future holds the new spec section or the
+        DSparkError that refused it."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(("config", (spec, done)))
+        return done
 
     def stop(self, timeout: float | None = None) -> None:
         """Finish what is in flight, then end the thread."""
@@ -137,6 +145,12 @@ class Driver:
                     self._post(stream.out, Chunk("", 0, error=str(e)))
             elif kind == "abort" and arg in self._streams:
                 self._count(self._streams.pop(str(arg)), self.engine.abort(str(arg)))
+            elif kind == "config":
+                spec, done = arg  # type: ignore[misc]
+                try:
+                    done.set_result(self.engine.reconfigure(spec))
+                except DSparkError as e:
+                    done.set_exception(e)
             try:
                 kind, arg = self._inbox.get_nowait()
             except queue.Empty:

@@ -49,8 +49,10 @@ class Metrics:
         r, names, lv = self.registry, ["model_name", "engine"], (model_name, "0")
         self._lv = lv
         info = engine_info or {}
-        Gauge("dspark:engine_info", "What the engine runs (value 1): method, sequential head, block size, verify "
-              "scheduler.", names + sorted(info), registry=r).labels(*lv, *(info[k] for k in sorted(info))).set(1)
+        self._info_keys = sorted(info)
+        self._info = Gauge("dspark:engine_info", "What the engine runs (value 1): method, sequential head, block "
+                           "size, verify scheduler.", names + self._info_keys, registry=r)
+        self.engine_info(info)
         self.running = Gauge("vllm:num_requests_running", "Requests in model execution batches.", names,
                              registry=r).labels(*lv)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be processed.", names,
@@ -118,6 +120,11 @@ class Metrics:
 
     def rejected(self, reason: str) -> None:
         self._rejected.labels(self._lv[0], reason).inc()
+
+    def engine_info(self, info: dict[str, str]) -> None:
+        """What the engine runs now (a reconfigured engine replaces the old labels)."""
+        self._info.clear()
+        self._info.labels(*self._lv, *(info[k] for k in self._info_keys)).set(1)
 
     def engine_step(self, stats: GenStats, running: int, waiting: int, block: int = 0, switches: int = 0,
                     sps: float | None = None, cap: int | None = None) -> None:

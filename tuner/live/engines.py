@@ -97,17 +97,30 @@ class LiveEngine(abc.ABC):
         return {"study": "live trial", "trial_number": trial, "mode": "live",
                 "hw_name": self.profile.hw.name or "device", "model_name": self.profile.model.name or "model"}
 
+    def reconfigure(self, url: str, launch: Launch) -> str | None:
+        """Make the server at `url` serve `launch`'s hot settings without a restart; None when it did, else why
+        not (the caller restarts it). An engine without hot parameters never can."""
+        return f"{self.name} takes no setting without a restart"
+
+    def hot_names(self, params: dict[str, Any]) -> set[str]:
+        """The parameters of `params` this engine takes on a running server (params.yaml `hot`)."""
+        from kb.params import param_spec
+
+        return {k for k in params if self.reader in getattr(param_spec(k), "hot", ())}
+
     def _launch(self, folder: Path, port: int, found: Found, env: dict[str, str],
-                params: dict[str, Any] | None = None) -> Launch:
+                params: dict[str, Any] | None = None, extra: tuple[str, ...] = ()) -> Launch:
         """The engine's script in `folder`; its identity (what a reused server must match) is the configuration as
-        the engine sees it, else the launch files' content."""
+        the engine sees it, else the launch files' content; `extra`: arguments after the script's own."""
         path = os.environ.get("PATH", "")
         files = {n: "\n".join(ln for ln in (folder / n).read_text().splitlines() if not ln.lstrip().startswith("#"))
                  for n in ENGINE_FILES.get(self.name, ()) if (folder / n).is_file()}
-        ident = json.dumps(self.seen(params), sort_keys=True, default=str) if params is not None else None
-        return Launch(["bash", str(folder / SCRIPTS[self.name]), "--host", "127.0.0.1", "--port", str(port)],
+        seen = self.seen(params) if params is not None else None
+        ident = json.dumps(seen, sort_keys=True, default=str) if seen is not None else None
+        hot = {k: v for k, v in (seen or {}).items() if k in self.hot_names(seen or {})}
+        return Launch(["bash", str(folder / SCRIPTS[self.name]), "--host", "127.0.0.1", "--port", str(port), *extra],
                       {"PATH": f"{found.bin_dir}{os.pathsep}{path}", **env}, folder, port, files=files,
-                      identity=ident)
+                      identity=ident, hot=hot)
 
     def seen(self, params: dict[str, Any]) -> dict[str, Any]:
         """What of `params` the engine can tell apart: the parameters it reads, with the speculation settings
@@ -211,7 +224,26 @@ class DsparkEngine(LiveEngine):
         write_dspark(folder, cfg, self.sps_table(params), sts_payload(self.profile, params,
                                                                        measured_calibration(drafter)),
                      self.common(0))
-        return self._launch(folder, port, found, self.env(found), params)
+        return self._launch(folder, port, found, self.env(found), params, ("--reconfigurable",))
+
+    def reconfigure(self, url: str, launch: Launch) -> str | None:
+        """POST the trial's hot spec fields (as its dspark.yaml has them, policy files included) to /admin/spec."""
+        import urllib.error
+        import urllib.request
+
+        from dspark_core.config import HOT_SPEC, load_config
+
+        spec = load_config(launch.cwd / "dspark.yaml").spec
+        body = json.dumps({k: getattr(spec, k) for k in HOT_SPEC}).encode()
+        req = urllib.request.Request(url + "/admin/spec", data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                r.read()
+            return None
+        except urllib.error.HTTPError as e:
+            return f"HTTP {e.code}: {e.read().decode(errors='replace')[:200]}"
+        except (OSError, ValueError) as e:
+            return str(e)
 
     def env(self, found: Found) -> dict[str, str]:
         return {"DSPARK_PYTHON": found.python}

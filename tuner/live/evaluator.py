@@ -1,10 +1,12 @@
 """The live objective: each trial starts the engine with the trial's launch files, drives the profiled workload
 through it with loadgen (a closed loop at the profiled concurrency) and reads its own /metrics for tau.
 
-A trial whose launch files equal the running server's reuses that server (no restart); any other stops it and
-starts its own. A server that exits before it is healthy, never becomes healthy or dies under load costs one
-failed trial whose reason (`startup_failed`, `startup_timeout`, `died`) is stored with it; every server is stopped
-when the evaluator closes, and tuner/live/process.py stops those a killed tuner left.
+A trial whose launch files equal the running server's reuses that server (no restart); one that differs from it
+only in settings the engine takes hot (params.yaml `hot`: our `serve --reconfigurable` changes its verify-length
+settings between requests) reconfigures it; any other stops it and starts its own. A server that exits before it is
+healthy, never becomes healthy or dies under load costs one failed trial whose reason (`startup_failed`,
+`startup_timeout`, `died`) is stored with it; every server is stopped when the evaluator closes, and
+tuner/live/process.py stops those a killed tuner left.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ class LiveEvaluator(Evaluator):
         self._work: Path | None = None
         self._measured: dict[str, Evaluation] = {}  # launch key -> what its server measured in this run
         self.server: Server | None = None
+        self.serving: str | None = None  # the launch key the running server serves now (reconfigurations move it)
         self.server_starts = 0
+        self.reconfigurations = 0
         self.trials = 0
         wl = self.profile.workload
         self.concurrency = int(spec.live_concurrency or wl.concurrency or 8)
@@ -120,11 +124,19 @@ class LiveEvaluator(Evaluator):
         base: dict[str, Any] = {"engine": f"{self.found.package} {self.found.version}", "cost_source": "measured live"}
         if predicted:
             base["predicted"] = predicted
-        reused = self.server is not None and self.server.exited() is None and \
-            self.server.launch.key() == launch.key()
+        running = self.server is not None and self.server.exited() is None
+        reused = running and self.serving == launch.key()
+        if running and not reused and self.server.launch.restart_key() == launch.restart_key():  # type: ignore[union-attr]
+            why = self.engine.reconfigure(self.server.url, launch)  # type: ignore[union-attr]
+            if why is None:
+                self.reconfigurations += 1
+                self.serving, reused, base["reconfigured"] = launch.key(), True, True
+            else:
+                base["reconfigure_failed"] = why  # a restart then gives the trial its own server
         if not reused:
             self.stop()
             self.server = Server(launch, folder / "server.log")
+            self.serving = launch.key()
             self.server_starts += 1
             try:
                 base["startup_s"] = round(self.server.wait_healthy(self.startup_s), 2)
@@ -246,7 +258,7 @@ class LiveEvaluator(Evaluator):
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
-            self.server = None
+            self.server, self.serving = None, None
 
     def close(self) -> None:
         """Stop the server and remove the trial folders (failed starts keep their logs under state_dir()/logs)."""

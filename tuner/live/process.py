@@ -77,6 +77,7 @@ class Launch:
     health_path: str = "/health"
     files: dict[str, str] = field(default_factory=dict)  # name -> content of the launch files (restart key)
     identity: str | None = None  # the configuration as the engine sees it (None: the files and flags decide)
+    hot: dict[str, object] = field(default_factory=dict)  # of that, what a running server takes without a restart
 
     def key(self) -> str:
         """Two launches with the same key start the same server: a trial may reuse a running one."""
@@ -86,6 +87,16 @@ class Launch:
             return hashlib.sha256(self.identity.encode()).hexdigest()
         body = json.dumps([self.argv[2:] if len(self.argv) > 2 else self.argv, self.env, self.files], sort_keys=True)
         return hashlib.sha256(body.replace(str(self.port), "PORT").replace(str(self.cwd), "DIR").encode()).hexdigest()
+
+    def restart_key(self) -> str:
+        """Two launches with the same restart key differ only in hot settings: a running server of one becomes
+        the other's by a reconfiguration (LiveEngine.reconfigure) instead of a restart."""
+        import hashlib
+
+        if self.identity is None or not self.hot:
+            return self.key()
+        cold = {k: v for k, v in json.loads(self.identity).items() if k not in self.hot}
+        return hashlib.sha256(json.dumps(cold, sort_keys=True, default=str).encode()).hexdigest()
 
 
 class ServerFailed(Exception):

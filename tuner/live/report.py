@@ -1,4 +1,4 @@
-"""The report's live-trial table: each trial's server (started or reused, start-up time), what it measured against
+"""The report's live-trial table: each trial's server (started, reused or reconfigured; start-up time), what it measured against
 what the simulator predicted for the same configuration, or why its server failed."""
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ def live_rows(trials: list[Any]) -> list[dict[str, str]]:
 
         if a.get("same_server"):
             start = f"same as trial {first.get(key, '?')}: not rerun"
+        elif a.get("reconfigured"):
+            start = "reconfigured, no restart"
         elif a.get("reused_server"):
             start = "reused"
         else:
