@@ -72,8 +72,12 @@ def run_ours(a: argparse.Namespace, name: str, trials: int, out: Path, extra: li
         m = t.user_attrs.get("metrics") or {}
         rows.append({"trial": t.number, "starts": t.user_attrs.get("server_starts"), "params": dict(t.params),
                      "metrics": m, "feasible": _rank(m, t.constraints), "why": t.user_attrs.get("why"),
-                     "same_server": bool(t.user_attrs.get("same_server"))})
-    return took, json.loads(stdout), rows
+                     "same_server": bool(t.user_attrs.get("same_server")),
+                     "reconfigured": bool(t.user_attrs.get("reconfigured")), "startup_s": t.user_attrs.get("startup_s"),
+                     "seconds": (t.datetime_complete - t.datetime_start).total_seconds()})
+    summary = json.loads(stdout)
+    summary["confirmations"] = study.user_attrs.get("confirmations") or {}
+    return took, summary, rows
 
 
 def grid_point(base: dict, seqs: int, tokens: int) -> dict:
@@ -131,6 +135,7 @@ def main() -> None:
     ap.add_argument("--grid-tokens", default="512,2048,8192")
     ap.add_argument("--trials", type=int, default=None, help="our trials (default: the grid's size)")
     ap.add_argument("--replays", type=int, default=2)
+    ap.add_argument("--hot-trials", type=int, default=None, help="tune --hot-trials (default: tune's)")
     ap.add_argument("--rounds", type=int, default=1, help="vllm: 2 = a second study of ours in the same knowledge "
                     "base after the grid, whose prior and predictions use the calibration the first one stored; the "
                     "grid's best point is measured again beside it")
@@ -156,6 +161,8 @@ def main() -> None:
     extra = ["--engine-python", str(a.engine_python)] if a.engine == "vllm" else []
     if a.draft:
         extra += ["--draft", str(Path(a.draft).expanduser())]
+    if a.hot_trials is not None:
+        extra += ["--hot-trials", str(a.hot_trials)]
     ours_s, summary, rows = run_ours(a, "ours", trials, out, extra)
 
     import optuna
@@ -233,7 +240,9 @@ def main() -> None:
               "matched_at_start": matched, "grid_starts": len(grid), "exported_trial": summary["trial"],
               "exported_throughput": exported, "replays": replays,
               "replay_ratio": statistics.median(replays) / exported if exported and replays else None,
-              "calibration": summary.get("calibration"), "second": second, "h2h": h2h}
+              "calibration": summary.get("calibration"), "second": second, "h2h": h2h,
+              "confirmations": summary.get("confirmations"),
+              "exported_trial_throughput": summary["metrics"].get("throughput_trial", exported)}
     (ROOT / "benchmarks" / "results").mkdir(exist_ok=True)
     name = f"live_tune_{a.engine}_{a.model.replace('-', '_')}"
     (ROOT / "benchmarks" / "results" / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -251,6 +260,8 @@ def table(r: dict, a: argparse.Namespace) -> str:
            + (f" --draft {a.draft}" if a.draft else "") + (f" --trials {a.trials}" if a.trials else "")
            + (f" --requests {a.requests}" if a.requests != 32 else "") + (f" --h2h {a.h2h}" if a.h2h != 3 else "")
            + (f" --rounds {a.rounds}" if a.rounds != 1 else "")
+           + (f" --hot-trials {a.hot_trials}" if a.hot_trials is not None else "")
+           + (f" --replays {a.replays}" if a.replays != 2 else "")
            + (f" --slo-tpot-ms {a.slo_tpot_ms:g}" if a.slo_tpot_ms != 60 else "") + " --write")
     lines = [f"### `tune --engine {a.engine}` on {r['model']} ({r['engine']}, this CPU)", "",
              f"`{cmd}`: held-out code prompts, {r['concurrency']} closed-loop clients, {r['requests']} requests of at "
@@ -260,8 +271,19 @@ def table(r: dict, a: argparse.Namespace) -> str:
     for row in r["ours"]:
         p = row["params"]
         conf = ", ".join(f"{k}={v}" for k, v in sorted(p.items()))
-        lines.append(f"| {row['trial']} | {row['starts']} | {conf} | {fmt(row['metrics'].get('throughput'))} | "
+        starts = f"{row['starts']}" + (" (reconfigured)" if row.get("reconfigured") else
+                                       " (measured before)" if row.get("same_server") else "")
+        lines.append(f"| {row['trial']} | {starts} | {conf} | {fmt(row['metrics'].get('throughput'))} | "
                      f"{'yes' if row['feasible'] else 'no: ' + (row['why'] or 'SLO')[:80]} |")
+    hot = [x for x in r["ours"] if x.get("reconfigured")]
+    cold = [x for x in r["ours"] if x.get("startup_s") is not None]
+    if hot and cold:
+        mean = statistics.mean
+        lines += ["", f"{len(r['ours'])} trials in {r['ours_starts']} server starts; {len(hot)} ran on a running "
+                      "server reconfigured through `serve --reconfigurable` (mean trial "
+                      f"{mean(x['seconds'] for x in hot):.1f} s) "
+                      f"instead of a restart (mean start-up {mean(x['startup_s'] for x in cold):.1f} s, mean trial "
+                      f"{mean(x['seconds'] for x in cold):.1f} s with it)."]
     if r["grid"]:
         lines += ["", "| auto_tune grid: max_num_seqs | max_num_batched_tokens | tok/s | meets SLOs |",
                   "|---|---|---|---|"]
@@ -302,9 +324,19 @@ def table(r: dict, a: argparse.Namespace) -> str:
                       f"{h['ratio']:.2f}x**" + (f" (second study {h['ratio_2']:.2f}x)" if h.get("ratio_2") else "")
                   + f"; one configuration's own repeats span +-{noise:.0%} around their median."]
     rr = r["replay_ratio"]
-    lines += ["", f"Exported trial {r['exported_trial']}: {fmt(r['exported_throughput'])} tok/s in the study; its "
-                  f"launch script started as shipped: {', '.join(fmt(x) for x in r['replays'])} tok/s, median "
-                  f"{rr:.2f}x the trial's." if rr else "Exported launch script: no replay."]
+    again = r.get("confirmations") or {}
+    if again:
+        by = {row["trial"]: row for row in r["ours"]}
+        parts = [f"trial {n}: {fmt(by[int(n)]['metrics'].get('throughput')) if int(n) in by else '?'} then "
+                 + ", ".join(fmt(x.get("throughput")) + ("" if x.get("meets_slo") else " (SLO missed)") for x in v)
+                 for n, v in sorted(again.items(), key=lambda kv: int(kv[0]))]
+        lines += ["", "Finalists measured again, each on a fresh server (`tune --confirm`): " + "; ".join(parts)
+                  + " tok/s. The export is the best mean."]
+    lines += ["", f"Exported trial {r['exported_trial']}: {fmt(r['exported_throughput'])} tok/s"
+                  + (f" (mean of its measurements; the trial alone {fmt(r['exported_trial_throughput'])})"
+                     if again else " in the study")
+                  + f"; its launch script started as shipped: {', '.join(fmt(x) for x in r['replays'])} tok/s, "
+                  f"median {rr:.2f}x that." if rr else "Exported launch script: no replay."]
     if r.get("calibration"):
         c = r["calibration"]
         lines.append(f"Simulator calibration stored from these trials: measured / predicted throughput "

@@ -125,6 +125,30 @@ def _progress_runner(db_url: str, name: str, trials: int, workers: int, timeout:
         return opt
 
 
+def _confirm(db_url: str, name: str, study, k: int, quiet: bool) -> None:  # noqa: ANN001 - optuna.Study
+    """A live study's finalists measured again (tuner/live/confirm.py), with a progress bar."""
+    from tuner import study as st
+    from tuner.live.confirm import confirm
+
+    spec = st.StudySpec.model_validate(study.user_attrs[st.SPEC_ATTR])
+    if spec.mode != "live" or k <= 0 or spec.objectives[0] != "throughput":
+        return
+    if quiet:
+        confirm(study, spec, k)
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[bold]confirming the best on fresh servers[/]"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err_console, transient=False) as bar:
+        task = bar.add_task("", total=None)
+
+        def step(i: int, n: int) -> None:
+            bar.update(task, completed=i, total=n)
+
+        again = confirm(study, spec, k, on_step=step)
+        bar.update(task, completed=bar.tasks[0].total or len(again))
+
+
 def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogue name, or auto/cpu = this "
                                                        "device). Default: the stored profile's.")] = None,
          model: Annotated[str | None, typer.Option(help="Model name or path (default: the stored profile's).")] = None,
@@ -160,6 +184,9 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
          hot_trials: Annotated[int, typer.Option(min=0, help="--engine: after the screen, trials that vary only "
                                                  "the settings a running server takes without a restart, on each "
                                                  "newly started one (dspark: the verify-length settings).")] = 2,
+         confirm: Annotated[int, typer.Option(min=0, help="--engine: measure the N best configurations once "
+                                              "more, each on a fresh server, and export the best mean (the best "
+                                              "single trial is partly the luckiest draw).")] = 3,
          load: Annotated[str, typer.Option(help="--engine: closed (closed loop at the profiled concurrency) or sweep "
                                                 "(then open-loop rates below it: throughput at the SLOs).")] = "closed",
          calibrated: Annotated[bool, typer.Option("--calibration/--no-calibration", help="Simulate: scale times by "
@@ -245,6 +272,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                           f"resume with --study {study_name}")
     try:
         done = _progress_runner(url, study_name, trials, workers, timeout, as_json)
+        _confirm(url, study_name, done, confirm, as_json)
     except KeyboardInterrupt:
         n = len(st.completed(st.open_study(url, study_name, None)))
         err_console.print(f"interrupted: study {study_name} keeps its {n} completed trials; resume with "

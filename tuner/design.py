@@ -9,7 +9,9 @@ steps (a pattern search); a move that lost clearly (missed an SLO the point met,
 it) is not retried on later passes. Trials that miss an SLO are ranked by how far they miss, so a start point that
 misses can walk towards one that meets them. These trials also teach TPE which knobs matter before it
 samples on its own. Only the knobs DESIGN.md section 3 puts first are screened; the rest stay at the
-preferred point until TPE moves them. Measured effect: `python benchmarks/bench_search.py`.
+preferred point until TPE moves them, except, in a live study, the knobs a running server takes without a restart:
+a few of their moves run on each server the screen starts for a new best point. Measured effect:
+`python benchmarks/bench_search.py`.
 """
 
 from __future__ import annotations
@@ -81,6 +83,17 @@ def _refine(d: Any, base: Any, level: int) -> list[Any]:
     return _distinct(d, vals, base)
 
 
+def _ends_first(vals: list[Any]) -> list[Any]:
+    """Sorted moves from the outside in (1, 8, 3, 5): a few of them still span the range."""
+    out, lo, hi = [], 0, len(vals) - 1
+    while lo <= hi:
+        out.append(vals[lo])
+        if hi != lo:
+            out.append(vals[hi])
+        lo, hi = lo + 1, hi - 1
+    return out
+
+
 FAR_WORSE = 0.10  # a move scoring this much below the point it left is not retried on later passes
 
 
@@ -122,7 +135,7 @@ def _copy_of(study: Any, params: dict[str, Any]) -> Any:
 def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budget: int,
            score: Callable[[Any], Any], callbacks: list[Callable[[Any, Any], None]] | None = None,
            done: Callable[[], bool] | None = None, levels: int = 2, poll_s: float = 0.5,
-           starts: list[dict[str, Any]] | None = None) -> int:
+           starts: list[dict[str, Any]] | None = None, hot: tuple[str, ...] = (), hot_moves: int = 0) -> int:
     """Run trial 0 and the coordinate screen, at most `budget` new trials; returns how many it ran.
 
     `score(frozen_trial)` ranks completed trials (any totally ordered value, higher is better, e.g.
@@ -130,7 +143,9 @@ def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budg
     start); `done()` ends the screen early. Trial 0 is the study's enqueued start point when it has one
     (`open_study` enqueues it), else it is enqueued here. Passes repeat while they improve; when one
     stalls, range knobs take steps half as long, `levels` times (a pattern search). `starts`: more start points
-    (a live study's simulated optimum), run right after trial 0; the screen walks from the best of them.
+    (a live study's simulated optimum), run right after trial 0; the screen walks from the best of them. `hot`:
+    knobs a running server takes without a restart (a live study); right after trial 0 and after each move that
+    improves, at most `hot_moves` of their moves run from the new best, on the server it just started.
 
     The screen is a deterministic walk over the scores it sees, so it resumes where it stopped: a move the
     study already holds is read back, not run again (an interrupted study ends where an uninterrupted one
@@ -178,6 +193,25 @@ def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budg
         seen.add(tuple(sorted(p.items())))
         return False, x
 
+    def hot_pass() -> bool:
+        """Up to `hot_moves` hot moves from the best point (on its running server); True when out of budget."""
+        nonlocal best_p, best_v
+        tried = 0
+        for name in (n for n in hot if n in space.distributions):
+            for v in _ends_first(_moves(space.distributions[name], best_p[name])):
+                p = {**best_p, name: v}
+                if tried >= hot_moves or tuple(sorted(p.items())) in seen:
+                    continue
+                stop, x = visit(p)
+                tried += 1
+                if stop:
+                    return True
+                if x is not None and (best_v is None or x > best_v):
+                    best_p, best_v = p, x
+        return False
+
+    if hot_pass():
+        return used
     for extra in starts or []:
         p = {**best_p, **{k: v for k, v in extra.items() if k in space.distributions}}
         if tuple(sorted(p.items())) in seen:
@@ -203,6 +237,8 @@ def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budg
                     lost.add((name, v))
                 if x is not None and (best_v is None or x > best_v):
                     best_p, best_v, improved = p, x, True
+                    if name not in hot and hot_pass():
+                        return used
         if not improved:
             level += 1
     return used

@@ -22,6 +22,7 @@ from typing import Any
 from tuner.bundle_dir import check_out, write_bundle
 from tuner.errors import TunerError
 from tuner.launch import template_env, write_dspark, write_sglang, write_vllm
+from tuner.live.confirm import exported_metrics
 from tuner.study import SPEC_ATTR, StudySpec, best_trial, completed, feasible_trials, make_evaluator, miss, open_study
 from tuner.targets import BUNDLED_DRAFTER, measured_calibration, sglang_context, sts_payload, vllm_context
 
@@ -103,7 +104,7 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
     evaluator = make_evaluator(spec)
     profile = spec.profile_model()
     plan = spec.plan_model()
-    metrics = dict(trial.user_attrs.get("metrics", {}))
+    metrics = exported_metrics(study, spec, trial)  # a live finalist: the mean of its measurements
     measured = _measured_drafter(evaluator, params)
     bundled = measured is not None
 

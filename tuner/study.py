@@ -324,8 +324,11 @@ def run_worker(db_url: str, name: str, target: int, worker: int = 0, timeout: fl
             if worker == 0 and space.distributions:
                 from tuner.design import screen
 
+                engine = getattr(evaluator, "engine", None)  # a live study: its hot knobs run on a started server
+                hot = tuple(sorted(engine.hot_names(dict.fromkeys(space.distributions)))) if engine else ()
                 ran = screen(study, space, objective, target, lambda t: trial_rank(t, maximizes(spec)), callbacks,
-                             done=full, starts=[spec.prior] if spec.prior else None)
+                             done=full, starts=[spec.prior] if spec.prior else None, hot=hot,
+                             hot_moves=spec.hot_trials)
             last: list[Any] = []
             while not full():
                 study.optimize(objective, n_trials=1, callbacks=[*(callbacks or []), lambda _s, t: last.append(t)],
@@ -456,8 +459,16 @@ def maximizes(spec: StudySpec) -> bool:
 
 
 def best_trial(study, spec: StudySpec):  # -> FrozenTrial | None
-    """The exported trial: highest first objective among the SLO-feasible Pareto front."""
+    """The exported trial: highest first objective among the SLO-feasible Pareto front; in a live study whose
+    finalists were measured again (tuner/live/confirm.py), the finalist with the highest mean throughput."""
     ok = feasible_trials(study)
     if not ok:
         return None
+    if spec.mode == "live":
+        from tuner.live.confirm import CONFIRM_ATTR, confirmed_throughput
+
+        again = study.user_attrs.get(CONFIRM_ATTR) or {}
+        scored = [(v, t) for t in ok if (v := confirmed_throughput(t, again)) is not None]
+        if scored:
+            return max(scored, key=lambda vt: (vt[0], -vt[1].number))[1]
     return max(ok, key=lambda t: (trial_rank(t, maximizes(spec)), -t.number))

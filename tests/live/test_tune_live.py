@@ -72,6 +72,14 @@ def test_dspark_engine_tunes_and_ships_the_script_it_ran(state, tmp_path):
     assert not list((state / "servers").glob("*.json")) and not _servers_running(str(state))
     report = (out / "report.md").read_text()
     assert "predicted" in report and "dspark-tune" in report
+    import optuna  # the finalists were measured again on fresh servers; the export is the best mean
+
+    name = optuna.get_all_study_summaries(os.environ["DSPARK_DB"])[0].study_name
+    again = optuna.load_study(study_name=name, storage=os.environ["DSPARK_DB"]).user_attrs["confirmations"]
+    assert str(summary["trial"]) in again and summary["metrics"]["measurements"] == 2
+    assert summary["metrics"]["throughput"] == pytest.approx(
+        (summary["metrics"]["throughput_trial"] + again[str(summary["trial"])][0]["throughput"]) / 2)
+    assert "measured again" in report
 
     from tests.serving import Server  # the shipped script serves the exported config as it is
 
@@ -111,7 +119,7 @@ def test_startup_failures_cost_one_trial_each_with_their_reason(state, tmp_path)
 def test_kill_9_mid_trial_then_resume_leaves_no_server_and_keeps_trials(state, tmp_path):
     db = os.environ["DSPARK_DB"]
     args = ["--engine", "fake", "--study", "killed", "--out", str(tmp_path / "b"), "--model", "tiny",
-            "--concurrency", "1", "--trial-requests", "4", "--trial-max-tokens", "500", "--json"]
+            "--concurrency", "1", "--trial-requests", "4", "--trial-max-tokens", "500", "--confirm", "0", "--json"]
     env = {**os.environ, "FAKE_ENGINE_MODES": "ok", "DSPARK_HEARTBEAT_S": "1", "DSPARK_HEARTBEAT_GRACE_S": "3"}
     proc = subprocess.Popen([sys.executable, str(FAKE), "tune", "--trials", "3", *args], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

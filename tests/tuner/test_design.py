@@ -111,3 +111,24 @@ def test_screen_does_not_retry_a_move_that_lost_clearly() -> None:
     screen(study, space, objective, budget=200, score=lambda t: t.value)
     assert sum(p["spec.block_size"] == 2 for p in calls) == 1  # tried in the first pass only
     assert study.best_trial.params["spec.block_size"] == 12 and study.best_trial.params["spec.scheduler"] == "prefix"
+
+
+def test_hot_knobs_move_right_after_each_new_best_on_its_server() -> None:
+    """A live study's restart-free knob (here timeout_ms stands in for one) is screened from trial 0 and from each
+    new best point, right after it, `hot_moves` values at a time, ends first; it is otherwise left to TPE."""
+    space = _space()
+
+    def value(p: dict) -> float:
+        return -abs(p["spec.block_size"] - 12) + p["batch.timeout_ms"] / 100
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    screen(study, space, lambda t: value(space.suggest(t)), budget=14, score=lambda t: t.value,
+           hot=("batch.timeout_ms",), hot_moves=2)
+    p = [dict(t.params) for t in study.trials]
+    assert p[0] == start_point(space)
+    assert [x["batch.timeout_ms"] for x in p[1:3]] == [5, 10]  # its moves from 0, outside in
+    assert all(x["spec.block_size"] == 7 for x in p[1:3])  # trial 0's server: only the hot knob moved
+    # the first block move that improves (block 10 from 7) is followed by hot moves from it, on its server
+    first = next(i for i, x in enumerate(p) if x["spec.block_size"] == 10)
+    assert [x["spec.block_size"] for x in p[first:first + 3]] == [10, 10, 10]
+    assert [x["batch.timeout_ms"] for x in p[first:first + 3]] == [10, 0, 5]  # from the best (10), outside in

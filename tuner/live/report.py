@@ -1,12 +1,14 @@
-"""The report's live-trial table: each trial's server (started, reused or reconfigured; start-up time), what it measured against
-what the simulator predicted for the same configuration, or why its server failed."""
+"""The report's live-trial table: each trial's server (started, reused or reconfigured; start-up time), what it
+measured against what the simulator predicted for the same configuration, or why its server failed."""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-def live_rows(trials: list[Any]) -> list[dict[str, str]]:
+def live_rows(trials: list[Any], again: dict[str, list[dict[str, float]]] | None = None) -> list[dict[str, str]]:
+    """One row per live trial; `again`: the finalists' re-measurements (tuner/live/confirm.py)."""
+    again = again or {}
     rows = []
     first: dict[str, int] = {}  # server key -> the trial that measured it
     for t in trials:
@@ -29,6 +31,9 @@ def live_rows(trials: list[Any]) -> list[dict[str, str]]:
         rows.append({"number": str(t.number), "start": start, "throughput": _both(m, p, "throughput", ",.1f"),
                      "tpot": _both(m, p, "tpot_p99_ms", ".2f"), "ttft": _both(m, p, "ttft_p99_ms", ".0f"),
                      "tau": format(m["tau"], ".2f") if "tau" in m else "-",
+                     "again": ", ".join(format(x.get("throughput", 0.0), ",.1f") + ("" if x.get("meets_slo") else
+                                                                                      " (SLO missed)")
+                                        for x in again.get(str(t.number), [])) or "-",
                      "outcome": f"{a['fail_kind']}: {a.get('why', '')}"[:300].replace("|", "/") if a.get("fail_kind")
                      else ("meets the SLOs" if all(v <= 0 for v in t.constraints.values()) else "misses an SLO")})
     return rows
