@@ -323,18 +323,19 @@ def run_worker(db_url: str, name: str, target: int, worker: int = 0, timeout: fl
         with quiet_interrupts():
             if worker == 0 and space.distributions:
                 from tuner.design import screen
+                from tuner.live.order import hot_knobs
 
-                engine = getattr(evaluator, "engine", None)  # a live study: its hot knobs run on a started server
-                hot = tuple(sorted(engine.hot_names(dict.fromkeys(space.distributions)))) if engine else ()
                 ran = screen(study, space, objective, target, lambda t: trial_rank(t, maximizes(spec)), callbacks,
-                             done=full, starts=[spec.prior] if spec.prior else None, hot=hot,
-                             hot_moves=spec.hot_trials)
+                             done=full, starts=[spec.prior] if spec.prior else None,
+                             hot=hot_knobs(evaluator, space), hot_moves=spec.hot_trials)
             last: list[Any] = []
             while not full():
                 study.optimize(objective, n_trials=1, callbacks=[*(callbacks or []), lambda _s, t: last.append(t)],
                                catch=())
                 ran += 1
                 if last:
+                    from tuner.live.order import hot_siblings
+
                     hot_siblings(study, space, evaluator, last[-1], spec.hot_trials)
     finally:
         stop_heartbeats()  # a Ctrl-C inside Optuna's heartbeat start leaves a thread that blocks the exit
@@ -342,21 +343,6 @@ def run_worker(db_url: str, name: str, target: int, worker: int = 0, timeout: fl
         if close is not None:  # a live study's running server stops here, even on Ctrl-C
             close()
     return ran
-
-
-def hot_siblings(study, space: SearchSpace, evaluator: Evaluator, trial, n: int) -> int:
-    """After a live trial that started its own server, queue `n` trials that keep its other parameters and let
-    the sampler choose the hot ones (params.yaml `hot`): they run on that server, reconfigured, without a restart
-    (restarts are what a live study spends its time on). Returns how many it queued."""
-    engine = getattr(evaluator, "engine", None)
-    if engine is None or n <= 0 or trial.user_attrs.get("reused_server", True) or not trial.params:
-        return 0
-    hot = engine.hot_names(engine.seen(dict(trial.params))) & set(space.distributions)  # none with speculation off
-    if not hot:
-        return 0
-    for _ in range(n):
-        study.enqueue_trial({k: v for k, v in trial.params.items() if k not in hot})
-    return n
 
 
 def completed(study) -> list[Any]:

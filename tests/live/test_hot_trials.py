@@ -11,7 +11,8 @@ import pytest
 from tests.live.test_engines import _params, _plan, _profile
 from tests.live.test_tune_live import _servers_running
 from tuner.live.engines import DsparkEngine, VllmEngine
-from tuner.study import StudySpec, enqueued_twice, hot_siblings
+from tuner.live.order import hot_siblings
+from tuner.study import StudySpec, enqueued_twice
 
 TINY = Path(__file__).resolve().parents[2] / "dspark_core" / "assets" / "target"
 
