@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tag", default="", help="a variant's own results file and RESULTS.md section (name_TAG)")
     a = ap.parse_args()
 
     from dspark_core.config import EngineConfig, save_config
@@ -118,10 +119,11 @@ def main() -> None:
                             for k, v in passes.items()}
     out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "arms": a.arms, "policy": str(policy),
            "max_tokens": a.max_tokens, "results": results}
-    name = "smollm2_learned_serve.json" if a.arms == "verify" else "smollm2_gamma_serve.json"
+    tag = f"_{a.tag}" if a.tag else ""
+    name = ("smollm2_learned_serve" if a.arms == "verify" else "smollm2_gamma_serve") + tag + ".json"
     (ROOT / "benchmarks" / "results" / name).write_text(json.dumps(out, indent=2) + "\n")
     lines = render(out, a)
-    write_section(SECTION[a.arms], "\n".join(lines))
+    write_section(SECTION[a.arms] + tag, "\n".join(lines))
     print("\n".join(lines))
 
 
@@ -132,7 +134,9 @@ def render(out: dict, a: argparse.Namespace) -> list[str]:
     label = "learned / prefix" if a.arms == "verify" else "learned / best static block"
     lines = [f"## Learned {what} through `serve`, bursty arrivals (SmolLM2-135M, bf16, {out['date'][:10]})", "",
              f"`python benchmarks/bench_learned_serve.py --arms {a.arms} --loads {a.loads} --passes {a.passes} "
-             f"--max-tokens {a.max_tokens} --threads {a.threads}`: medians over passes (servers cycled, same plan).",
+             f"--max-tokens {a.max_tokens} --threads {a.threads}"
+             + (f" --gamma-policy {a.gamma_policy} --tag {a.tag}" if a.tag else "")
+             + "`: medians over passes (servers cycled, same plan).",
              "",
              f"| load | arm | tokens/s | {label} | mean TPOT ms | p99 TPOT ms | p99 TTFT ms |",
              "|---:|---|---:|---:|---:|---:|---:|"]
