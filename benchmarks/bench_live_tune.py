@@ -106,9 +106,7 @@ def head_to_head(ev, spec, arms: dict[str, dict], rounds: int) -> dict[str, list
     got: dict[str, list[float]] = {k: [] for k in arms}
     for i in range(rounds):
         for name, params in (arms.items() if i % 2 == 0 else reversed(arms.items())):
-            ev.stop()
-            ev._measured.clear()  # measured again, not read back
-            r = ev.evaluate(params, seed=spec.seed)
+            r = ev.remeasure(params, seed=spec.seed)
             got[name].append(_rank(r.metrics, slo_constraints(r, spec.slo_tpot_ms, spec.slo_ttft_ms)) or 0.0)
             print(f"head-to-head {name} #{i + 1}: {got[name][-1]:.1f} tok/s", file=sys.stderr)
     return got
@@ -191,8 +189,7 @@ def main() -> None:
             out = tmp / "bundle-2"
             s2, summary, rows2 = run_ours(a, "ours-2", trials, out, extra)
             top = max(grid_rows, key=lambda g: g["feasible"] or 0)
-            ev._measured.clear()  # measured again, not read back
-            again = ev.evaluate(grid_point(base, top["max_num_seqs"], top["max_num_batched_tokens"]), seed=spec.seed)
+            again = ev.remeasure(grid_point(base, top["max_num_seqs"], top["max_num_batched_tokens"]), seed=spec.seed)
             best2 = max((r["feasible"] for r in rows2 if r["feasible"]), default=None)
             ref = min(x for x in (top["feasible"], again.metrics.get("throughput")) if x)
             second = {"ours": rows2, "ours_s": round(s2), "grid_best_again": again.metrics.get("throughput"),

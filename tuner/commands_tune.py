@@ -125,7 +125,7 @@ def _progress_runner(db_url: str, name: str, trials: int, workers: int, timeout:
         return opt
 
 
-def _confirm(db_url: str, name: str, study, k: int, quiet: bool) -> None:  # noqa: ANN001 - optuna.Study
+def _confirm(study, k: int, quiet: bool) -> None:  # noqa: ANN001 - optuna.Study
     """A live study's finalists measured again (tuner/live/confirm.py), with a progress bar."""
     from tuner import study as st
     from tuner.live.confirm import confirm
@@ -141,12 +141,7 @@ def _confirm(db_url: str, name: str, study, k: int, quiet: bool) -> None:  # noq
     with Progress(TextColumn("[bold]confirming the best on fresh servers[/]"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=False) as bar:
         task = bar.add_task("", total=None)
-
-        def step(i: int, n: int) -> None:
-            bar.update(task, completed=i, total=n)
-
-        again = confirm(study, spec, k, on_step=step)
-        bar.update(task, completed=bar.tasks[0].total or len(again))
+        confirm(study, spec, k, on_step=lambda i, n: bar.update(task, completed=i, total=n))
 
 
 def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogue name, or auto/cpu = this "
@@ -272,7 +267,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                           f"resume with --study {study_name}")
     try:
         done = _progress_runner(url, study_name, trials, workers, timeout, as_json)
-        _confirm(url, study_name, done, confirm, as_json)
+        _confirm(done, confirm, as_json)
     except KeyboardInterrupt:
         n = len(st.completed(st.open_study(url, study_name, None)))
         err_console.print(f"interrupted: study {study_name} keeps its {n} completed trials; resume with "

@@ -154,4 +154,3 @@ def _misses(metrics: dict[str, float], spec: Any) -> str:
         if limit and got is not None and got > limit:
             out.append(f"p99 {label} {got:.4g} ms against {limit:g} ms ({got / limit:.2g}x)")
     return "; ".join(out) or "it did not run (infeasible: memory or an unsupported setting)"
-

@@ -35,7 +35,7 @@ def finalists(study, k: int) -> list[Any]:  # noqa: ANN001 - optuna.Study -> lis
 
 def confirm(study, spec, k: int, evaluator=None, on_step=None) -> dict[str, list[dict[str, float]]]:  # noqa: ANN001
     """Measure each of the `k` finalists not yet confirmed once more, each on a server of its own; returns (and
-    stores) the study's confirmations. `on_step(i, n)` reports progress."""
+    stores) the study's confirmations. `on_step(done, n)` reports progress after each."""
     from tuner.live.evaluator import LiveEvaluator
     from tuner.study import slo_constraints
 
@@ -47,15 +47,13 @@ def confirm(study, spec, k: int, evaluator=None, on_step=None) -> dict[str, list
     ev = evaluator or LiveEvaluator(spec)
     try:
         for i, t in enumerate(todo):
-            if on_step:
-                on_step(i, len(todo))
-            ev.stop()  # a fresh server, as the exported script will start
-            ev._measured.clear()
-            r = ev.evaluate(space.params_of(dict(t.params)), seed=spec.seed + 1 + i)
+            r = ev.remeasure(space.params_of(dict(t.params)), seed=spec.seed + 1 + i)  # as the exported script starts
             met = r.feasible and all(v <= 0 for v in slo_constraints(r, spec.slo_tpot_ms, spec.slo_ttft_ms).values())
-            done[str(t.number)] = [*done.get(str(t.number), []), {**r.metrics, "meets_slo": float(met)}
-                                   if r.feasible else {"throughput": 0.0, "meets_slo": 0.0}]
+            run = {**r.metrics, "throughput": r.metrics.get("throughput", 0.0), "meets_slo": float(met)}
+            done[str(t.number)] = [*done.get(str(t.number), []), run]
             study.set_user_attr(CONFIRM_ATTR, done)  # kept as it goes: an interrupted confirmation resumes
+            if on_step:
+                on_step(i + 1, len(todo))
     finally:
         if evaluator is None:
             ev.close()

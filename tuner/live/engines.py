@@ -117,7 +117,7 @@ class LiveEngine(abc.ABC):
                  for n in ENGINE_FILES.get(self.name, ()) if (folder / n).is_file()}
         seen = self.seen(params) if params is not None else None
         ident = json.dumps(seen, sort_keys=True, default=str) if seen is not None else None
-        hot = {k: v for k, v in (seen or {}).items() if k in self.hot_names(seen or {})}
+        hot = tuple(sorted(self.hot_names(seen or {})))
         return Launch(["bash", str(folder / SCRIPTS[self.name]), "--host", "127.0.0.1", "--port", str(port), *extra],
                       {"PATH": f"{found.bin_dir}{os.pathsep}{path}", **env}, folder, port, files=files,
                       identity=ident, hot=hot)

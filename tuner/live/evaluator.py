@@ -118,6 +118,12 @@ class LiveEvaluator(Evaluator):
             self._measured[key] = ev
         return ev
 
+    def remeasure(self, params: dict[str, Any], seed: int = 0) -> Evaluation:
+        """`params` measured again on a server of its own (not read back from this run, not a running server)."""
+        self.stop()
+        self._measured.clear()
+        return self.evaluate(params, seed)
+
     def run_launch(self, launch: Launch, folder: Path, seed: int = 0, predicted: dict[str, float] | None = None
                    ) -> Evaluation:
         """Measure the server `launch` starts (or the running one, when its launch files are the same)."""

@@ -77,7 +77,7 @@ class Launch:
     health_path: str = "/health"
     files: dict[str, str] = field(default_factory=dict)  # name -> content of the launch files (restart key)
     identity: str | None = None  # the configuration as the engine sees it (None: the files and flags decide)
-    hot: dict[str, object] = field(default_factory=dict)  # of that, what a running server takes without a restart
+    hot: tuple[str, ...] = ()  # of that, the parameters a running server takes without a restart
 
     def key(self) -> str:
         """Two launches with the same key start the same server: a trial may reuse a running one."""
