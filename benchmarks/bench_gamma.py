@@ -6,7 +6,9 @@ Needs `python cli.py models fetch smollm2-135m` and the committed SmolLM2 markov
    held-out sets (outside the drafters' training sources) that the evaluation below never sees (code prompts 16..,
    chat prompts 8..), interleaved, dspark_markov/verify_all@explore at block 8 (a seeded uniform block in 0..8 per
    round: every block length and plain steps on the same traffic, interleaved round by round so that drifting load on
-   shared cores hits them alike; rounds at block 8 give full information), concurrency 1 and 8;
+   shared cores hits them alike; rounds at block 8 give full information), concurrency 1, 8 and 16 (a policy whose
+   logs stop at 8 requests misprices drafting at 16: it lost there through `serve`); at 16 the logged prompts make
+   one batch, so they are logged twice;
 2. `cli.py train-gamma-policy` on the logs -> dspark_core/assets/smollm2-135m/gamma_cpu_bf16_markov.json;
 3. `cli.py bench` on the first held-out code and chat prompts interleaved, concurrency 1 and 8: plain, static blocks
    2, 4, 8 and the learned block in one run each;
@@ -44,7 +46,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--concurrency", default="1,8")
+    ap.add_argument("--concurrency", default="1,8", help="evaluated loads")
+    ap.add_argument("--log-concurrency", default="1,8,16", help="logged loads (the policy's training data)")
     ap.add_argument("--skip-logs", type=Path, help="reuse the logs and policy of an earlier run's scratch folder")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -56,11 +59,12 @@ def main() -> None:
         sys.exit("--limit must be <= 8 and --train-prompts <= 8: evaluation and logged prompts must not overlap")
     if not args.skip_logs:
         train = mixed(code[16: 16 + args.train_prompts], chats[8: 8 + args.train_prompts], work / "train.jsonl")
-        for c in levels:
+        for c in (int(x) for x in args.log_concurrency.split(",")):
             log = work / f"rounds_c{c}_explore.jsonl"
             cfg = work / f"log_c{c}.yaml"
             cfg.write_text(f"spec:\n  round_log: {json.dumps(str(log))}\n")
-            bench(args, train, "dspark_markov/verify_all@explore", c, cfg, 2 * args.train_prompts, 1, max(BLOCKS))
+            bench(args, train, "dspark_markov/verify_all@explore", c, cfg, 2 * args.train_prompts,
+                  max(1, c // 8), max(BLOCKS))
             logs.append(log)
     trained, train_cmd = run([sys.executable, "cli.py", "train-gamma-policy", *map(str, logs), "--out", str(POLICY),
                               "--json"], work)

@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--tag", default="", help="a variant's own results file and RESULTS.md section (name_TAG)")
+    ap.add_argument("--tag", default="", help="a variant's own results file, RESULTS.md section (name_TAG) and title")
     a = ap.parse_args()
 
     from dspark_core.config import EngineConfig, save_config
@@ -132,7 +132,9 @@ def render(out: dict, a: argparse.Namespace) -> list[str]:
     others = [k for k in ARMS[a.arms] if k != "learned"]
     spec = [k for k in others if ARMS[a.arms][k][0]]  # the speculative arms learned is measured against
     label = "learned / prefix" if a.arms == "verify" else "learned / best static block"
-    lines = [f"## Learned {what} through `serve`, bursty arrivals (SmolLM2-135M, bf16, {out['date'][:10]})", "",
+    variant = f", {a.tag}" if a.tag else ""
+    lines = [f"## Learned {what} through `serve`, bursty arrivals (SmolLM2-135M, bf16{variant}, {out['date'][:10]})",
+             "",
              f"`python benchmarks/bench_learned_serve.py --arms {a.arms} --loads {a.loads} --passes {a.passes} "
              f"--max-tokens {a.max_tokens} --threads {a.threads}"
              + (f" --gamma-policy {a.gamma_policy} --tag {a.tag}" if a.tag else "")
