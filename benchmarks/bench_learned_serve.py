@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.results_md import write_section  # noqa: E402
+from benchmarks.results_md import shown_command, write_section  # noqa: E402
 
 ASSETS = ROOT / "dspark_core" / "assets" / "smollm2-135m"
 PROMPTS = ROOT / "benchmarks" / "prompts"
@@ -40,13 +40,14 @@ ARMS = {
 SECTION = {"verify": "learned_serve", "gamma": "gamma_serve"}
 
 
-def prompts(arms: str) -> list[str]:
-    """Held-out code prompts (verify), or code and chat interleaved (gamma)."""
+def prompts(arms: str, first: int | None) -> list[str]:
+    """Held-out code prompts (verify; the first `first` only, when a policy was trained on the others), or code and
+    chat interleaved (gamma)."""
     from dspark_core.cli.prompts import load_prompts
 
     code = [r.prompt for r in load_prompts(PROMPTS / "heldout_code.jsonl")]
     if arms == "verify":
-        return code
+        return code[:first]
     chat = [r.prompt for r in load_prompts(PROMPTS / "heldout_chat.jsonl")]
     return [t for pair in zip(code[:8], chat[:8], strict=True) for t in pair]
 
@@ -60,8 +61,11 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--first", type=int, help="verify: only the first N held-out code prompts (the policy was "
+                    "trained on logs of the others)")
     ap.add_argument("--tag", default="", help="a variant's own results file, RESULTS.md section (name_TAG) and title")
     a = ap.parse_args()
+    a.command = shown_command("benchmarks/bench_learned_serve.py", ap, a)
 
     from dspark_core.config import EngineConfig, save_config
     from dspark_core.modeling.checkpoint import checkpoint_folder
@@ -74,7 +78,7 @@ def main() -> None:
         sys.exit(f"no policy at {policy}: run benchmarks/bench_learned.py / bench_gamma.py first or pass it")
     arms = ARMS[a.arms]
     tmp = Path(tempfile.mkdtemp(prefix="bench-learned-serve-"))
-    texts = prompts(a.arms)
+    texts = prompts(a.arms, a.first)
     results: dict[str, dict] = {}
     for c in (int(x) for x in a.loads.split(",")):
         n = 3 * c + 4
@@ -135,10 +139,7 @@ def render(out: dict, a: argparse.Namespace) -> list[str]:
     variant = f", {a.tag}" if a.tag else ""
     lines = [f"## Learned {what} through `serve`, bursty arrivals (SmolLM2-135M, bf16{variant}, {out['date'][:10]})",
              "",
-             f"`python benchmarks/bench_learned_serve.py --arms {a.arms} --loads {a.loads} --passes {a.passes} "
-             f"--max-tokens {a.max_tokens} --threads {a.threads}"
-             + (f" --gamma-policy {a.gamma_policy} --tag {a.tag}" if a.tag else "")
-             + "`: medians over passes (servers cycled, same plan).",
+             f"`{a.command}`: medians over passes (servers cycled, same plan).",
              "",
              f"| load | arm | tokens/s | {label} | mean TPOT ms | p99 TPOT ms | p99 TTFT ms |",
              "|---:|---|---:|---:|---:|---:|---:|"]
