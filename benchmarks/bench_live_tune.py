@@ -139,6 +139,7 @@ def main() -> None:
                     "grid's best point is measured again beside it")
     ap.add_argument("--h2h", type=int, default=3, help="vllm: times each arm's pick (ours within a third of the "
                     "grid's starts, the grid's best) is measured again side by side (0: none)")
+    ap.add_argument("--tag", default="", help="a variant's own results file and RESULTS.md section (name_TAG)")
     ap.add_argument("--write", action="store_true")
     a = ap.parse_args()
     a.command = shown_command("benchmarks/bench_live_tune.py", ap, a)
@@ -213,16 +214,25 @@ def main() -> None:
                    "ratio": med["ours"] / med["grid"] if med["grid"] else None,
                    "ratio_2": med["ours-2"] / med["grid"] if med["grid"] and "ours-2" in med else None}
         # the bundle's own launch script, started as shipped (the last study's)
-        replays = []
+        # each replay paired with the exported configuration launched by the tuner on a fresh server, in turn: on
+        # shared cores throughput drifts over minutes, so the script is compared with what it was tuned as, measured
+        # beside it, as well as with the study's figures from minutes before
+        replays, paired = [], []
         from tuner.live.process import free_port
 
+        last = second["ours"] if second else rows
+        exported_params = space.params_of(next(x["params"] for x in last if x["trial"] == summary["trial"]))
         for i in range(a.replays):
-            ev.stop()
-            folder = tmp / f"replay-{i}"
-            folder.mkdir()
-            launch = ev.engine.bundle_launch(out, free_port(), ev.found)
-            r = ev.run_launch(launch, folder, seed=spec.seed)
-            replays.append(r.metrics.get("throughput", 0.0))
+            for arm in (("script", "tuner") if i % 2 == 0 else ("tuner", "script")):
+                ev.stop()
+                if arm == "tuner":
+                    paired.append(ev.remeasure(exported_params, seed=spec.seed).metrics.get("throughput", 0.0))
+                    continue
+                folder = tmp / f"replay-{i}"
+                folder.mkdir()
+                launch = ev.engine.bundle_launch(out, free_port(), ev.found)
+                r = ev.run_launch(launch, folder, seed=spec.seed)
+                replays.append(r.metrics.get("throughput", 0.0))
     finally:
         ev.close()
     best_ours = max((r["feasible"] for r in rows if r["feasible"]), default=None)
@@ -238,11 +248,13 @@ def main() -> None:
               "matched_at_start": matched, "grid_starts": len(grid), "exported_trial": summary["trial"],
               "exported_throughput": exported, "replays": replays,
               "replay_ratio": statistics.median(replays) / exported if exported and replays else None,
+              "paired": paired, "paired_ratio": (statistics.median(replays) / statistics.median(paired)
+                                                 if replays and paired and statistics.median(paired) else None),
               "calibration": summary.get("calibration"), "second": second, "h2h": h2h,
               "confirmations": summary.get("confirmations"),
               "exported_trial_throughput": summary["metrics"].get("throughput_trial", exported)}
     (ROOT / "benchmarks" / "results").mkdir(exist_ok=True)
-    name = f"live_tune_{a.engine}_{a.model.replace('-', '_')}"
+    name = f"live_tune_{a.engine}_{a.model.replace('-', '_')}" + (f"_{a.tag}" if a.tag else "")
     (ROOT / "benchmarks" / "results" / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     text = table(result, a)
     print(text)
@@ -329,6 +341,10 @@ def table(r: dict, a: argparse.Namespace) -> str:
                      if again else " in the study")
                   + f"; its launch script started as shipped: {', '.join(fmt(x) for x in r['replays'])} tok/s, "
                   f"median {rr:.2f}x that." if rr else "Exported launch script: no replay."]
+    if r.get("paired_ratio"):
+        lines.append(f"In turn with each start of the script, the exported configuration launched by the tuner on a "
+                     f"fresh server: {', '.join(fmt(x) for x in r['paired'])} tok/s; script / tuner-launched, "
+                     f"medians: {r['paired_ratio']:.2f}x.")
     if r.get("calibration"):
         c = r["calibration"]
         lines.append(f"Simulator calibration stored from these trials: measured / predicted throughput "
