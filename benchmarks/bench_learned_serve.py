@@ -65,7 +65,7 @@ def main() -> None:
                     "trained on logs of the others)")
     ap.add_argument("--tag", default="", help="a variant's own results file, RESULTS.md section (name_TAG) and title")
     a = ap.parse_args()
-    a.command = shown_command("benchmarks/bench_learned_serve.py", ap, a)
+    a.command = shown_command("benchmarks/bench_learned_serve.py")
 
     from dspark_core.config import EngineConfig, save_config
     from dspark_core.modeling.checkpoint import checkpoint_folder

@@ -142,7 +142,7 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="a variant's own results file and RESULTS.md section (name_TAG)")
     ap.add_argument("--write", action="store_true")
     a = ap.parse_args()
-    a.command = shown_command("benchmarks/bench_live_tune.py", ap, a)
+    a.command = shown_command("benchmarks/bench_live_tune.py")
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-live-"))
     os.environ["DSPARK_DB"] = f"sqlite:///{tmp / 'kb.sqlite'}"
@@ -224,15 +224,14 @@ def main() -> None:
         exported_params = space.params_of(next(x["params"] for x in last if x["trial"] == summary["trial"]))
         for i in range(a.replays):
             for arm in (("script", "tuner") if i % 2 == 0 else ("tuner", "script")):
-                ev.stop()
                 if arm == "tuner":
                     paired.append(ev.remeasure(exported_params, seed=spec.seed).metrics.get("throughput", 0.0))
-                    continue
-                folder = tmp / f"replay-{i}"
-                folder.mkdir()
-                launch = ev.engine.bundle_launch(out, free_port(), ev.found)
-                r = ev.run_launch(launch, folder, seed=spec.seed)
-                replays.append(r.metrics.get("throughput", 0.0))
+                else:
+                    ev.stop()
+                    folder = tmp / f"replay-{i}"
+                    folder.mkdir()
+                    r = ev.run_launch(ev.engine.bundle_launch(out, free_port(), ev.found), folder, seed=spec.seed)
+                    replays.append(r.metrics.get("throughput", 0.0))
     finally:
         ev.close()
     best_ours = max((r["feasible"] for r in rows if r["feasible"]), default=None)
@@ -268,8 +267,7 @@ def table(r: dict, a: argparse.Namespace) -> str:
 
     lines = [f"### `tune --engine {a.engine}` on {r['model']} ({r['engine']}, this CPU)", "",
              f"`{a.command}`: held-out code prompts, {r['concurrency']} closed-loop clients, {r['requests']} requests "
-             f"of at "
-             f"most {r['max_tokens']} tokens per trial, SLOs p99 TTFT <= {r['slo'][0]:g} ms and p99 TPOT <= "
+             f"of at most {r['max_tokens']} tokens per trial, SLOs p99 TTFT <= {r['slo'][0]:g} ms and p99 TPOT <= "
              f"{r['slo'][1]:g} ms, tok/s measured by the client.", "",
              "| our trial | server starts | configuration | tok/s | meets SLOs |", "|---|---|---|---|---|"]
     for row in r["ours"]:

@@ -3,7 +3,6 @@ section of RESULTS.md (written atomically, other sections untouched)."""
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 from pathlib import Path
@@ -15,18 +14,9 @@ sys.path.insert(0, str(ROOT))
 from dspark_core.atomic import atomic_write_text  # noqa: E402
 
 
-def shown_command(script: str, ap: argparse.ArgumentParser, args: argparse.Namespace) -> str:
-    """`python SCRIPT` with every option whose value differs from its default: the command that reruns this run."""
-    parts = ["python", script]
-    for act in ap._actions:
-        if not act.option_strings or act.dest == "help":
-            continue
-        value = getattr(args, act.dest)
-        if value == act.default:
-            continue
-        flag = act.option_strings[-1]
-        parts += [flag] if act.nargs == 0 else [flag, f"{value:g}" if isinstance(value, float) else str(value)]
-    return " ".join(shlex.quote(x) for x in parts)
+def shown_command(script: str) -> str:
+    """The command line this run was started with (`python SCRIPT ARGS`), quoted for a shell: what reruns it."""
+    return shlex.join(["python", script, *sys.argv[1:]])
 
 
 def bench_table(result: dict) -> str:
