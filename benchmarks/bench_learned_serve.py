@@ -1,17 +1,18 @@
 """The learned policies through `serve`, bursty arrivals, concurrency 1, 8 and 16.
 
 Usage: python benchmarks/bench_learned_serve.py [--arms verify|gamma] [--loads 1,8,16] [--passes 2] [--max-tokens 96]
+       [--traffic code|mixed]
 Needs `python cli.py models fetch smollm2-135m`, the committed markov drafter and its policies (benchmarks/
 bench_learned.py and bench_gamma.py write them). `--arms verify` (the learned verify length against Algorithm 1):
-servers with spec.scheduler prefix and learned at block 8, held-out code prompts. `--arms gamma` (the learned block
-length against static blocks): plain decoding, blocks 2 and 4 (the best static blocks of the closed-batch runs) and
-the learned block within 8, all verify_all, on held-out code and chat prompts interleaved (code 0.., chat 0..; the
-policy was trained on others). Per load c: every arm's server (batch.max_requests c, bf16), and one open-loop plan
-of 3c + 4 requests whose Poisson arrivals alternate a burst (2c requests/s for 2 s) with a lull (0.2/s for 6 s), so
-the queue fills and drains. Passes cycle the servers on the same plan, in reversed order every other pass; the table
-gives output tokens/s over each pass (first arrival to last token) and p99 TPOT / TTFT. Writes
-results/smollm2_learned_serve.json (verify) or smollm2_gamma_serve.json (gamma) and the RESULTS.md section between the
-`learned_serve` / `gamma_serve` markers.
+servers with spec.scheduler prefix and learned at block 8, on held-out code prompts (`--traffic mixed`: code and chat,
+as for gamma). `--arms gamma` (the learned block length against static blocks): plain decoding, blocks 2 and 4 (the
+best static blocks of the closed-batch runs) and the learned block within 8, all verify_all, on held-out code and chat
+prompts interleaved (code 0-7, chat 0-7; the policies were trained on others). Per load c: every arm's server
+(batch.max_requests c, bf16), and one open-loop plan of 3c + 4 requests whose Poisson arrivals alternate a burst (2c
+requests/s for 2 s) with a lull (0.2/s for 6 s), so the queue fills and drains. Passes cycle the servers on the same
+plan, in reversed order every other pass; the table gives output tokens/s over each pass (first arrival to last token)
+and p99 TPOT / TTFT. Writes results/smollm2_learned_serve.json (verify) or smollm2_gamma_serve.json (gamma) and the
+RESULTS.md section between the `learned_serve` / `gamma_serve` markers.
 """
 
 from __future__ import annotations
@@ -40,13 +41,13 @@ ARMS = {
 SECTION = {"verify": "learned_serve", "gamma": "gamma_serve"}
 
 
-def prompts(arms: str, first: int | None) -> list[str]:
-    """Held-out code prompts (verify; the first `first` only, when a policy was trained on the others), or code and
-    chat interleaved (gamma)."""
+def prompts(arms: str, first: int | None, traffic: str) -> list[str]:
+    """Held-out code prompts (verify, code traffic; the first `first` only, when a policy was trained on the others),
+    or code and chat interleaved (gamma, and verify with mixed traffic): code 0-7 and chat 0-7."""
     from dspark_core.cli.prompts import load_prompts
 
     code = [r.prompt for r in load_prompts(PROMPTS / "heldout_code.jsonl")]
-    if arms == "verify":
+    if arms == "verify" and traffic == "code":
         return code[:first]
     chat = [r.prompt for r in load_prompts(PROMPTS / "heldout_chat.jsonl")]
     return [t for pair in zip(code[:8], chat[:8], strict=True) for t in pair]
@@ -63,6 +64,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--first", type=int, help="verify: only the first N held-out code prompts (the policy was "
                     "trained on logs of the others)")
+    ap.add_argument("--traffic", choices=("code", "mixed"), default="code",
+                    help="verify: held-out code prompts, or code and chat interleaved as for --arms gamma")
     ap.add_argument("--tag", default="", help="a variant's own results file, RESULTS.md section (name_TAG) and title")
     a = ap.parse_args()
     a.command = shown_command("benchmarks/bench_learned_serve.py")
@@ -78,7 +81,7 @@ def main() -> None:
         sys.exit(f"no policy at {policy}: run benchmarks/bench_learned.py / bench_gamma.py first or pass it")
     arms = ARMS[a.arms]
     tmp = Path(tempfile.mkdtemp(prefix="bench-learned-serve-"))
-    texts = prompts(a.arms, a.first)
+    texts = prompts(a.arms, a.first, a.traffic)
     results: dict[str, dict] = {}
     for c in (int(x) for x in a.loads.split(",")):
         n = 3 * c + 4
