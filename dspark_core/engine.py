@@ -124,7 +124,9 @@ class Engine:
         c = self.config
         self.scheduler = scheduler
         if hasattr(self.drafter, "want_entropy"):  # a feature of the learned scheduler and of the round log
-            self.drafter.want_entropy = c.spec.scheduler == "learned" or c.spec.round_log is not None  # type: ignore[union-attr]
+            learned = getattr(getattr(scheduler, "policy", None), "policy", None)  # its PolicyFile, if any
+            reads = c.spec.scheduler == "learned" and (learned is None or learned.uses("entropy"))
+            self.drafter.want_entropy = reads or c.spec.round_log is not None  # type: ignore[union-attr]
         if hasattr(scheduler, "classes") and (c.spec.gamma_policy == "learned" or c.spec.round_log):
             from dspark_core.verification.gamma_policy import TokenClasses
 

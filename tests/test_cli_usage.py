@@ -64,6 +64,7 @@ CASES = [  # the issue's findings, each once: argv, words the line must hold
     (["bench", "--max-new-tokens", "0"], ["--max-new-tokens"]),
     (["rules", "search", "fp8", "hopper"], ["hopper"]),
     (["train-policy", "no-such-log.jsonl"], ["round log no-such-log.jsonl not found"]),
+    (["train-policy", "no-such-log.jsonl", "--drop", "bias"], ["cannot drop bias", "recent_acceptance"]),
     (["train-gamma-policy", "no-such-log.jsonl"], ["round log no-such-log.jsonl not found"]),
     (["bench", "--prompts", CHAT, "--methods", "dspark_markov@x"], ["block suffix 'x' must be 1..16, 'learned'"]),
     (["bench", "--prompts", CHAT, "--methods", "ngram@4"], ["a block suffix applies to DSpark methods"]),

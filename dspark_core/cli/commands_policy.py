@@ -48,15 +48,19 @@ def train_policy_cmd(
     out: Annotated[Path, typer.Option(help="Policy JSON to write (spec.policy_path).")] = Path("policy.json"),
     heldout: Annotated[float, typer.Option(min=0.0, max=0.9, help="Share of each log's last rounds kept out of "
                                            "training to compare the policies on.")] = 0.2,
+    drop: Annotated[list[str] | None, typer.Option(help="Leave a feature out (repeatable): confidence_logit, "
+                                                   "entropy, position or recent_acceptance. Without entropy the "
+                                                   "engine skips computing it.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
 ) -> None:
     """Train `spec.scheduler: learned` from logged rounds; compare it with verify_all and prefix on held-out ones."""
     from rich.console import Console
 
-    from dspark_core.training.train_policy import load_rounds, train_policy
+    from dspark_core.training.train_policy import check_drop, load_rounds, train_policy
 
+    check_drop(drop or ())
     data = load_rounds(logs)
-    done = _fit(lambda step: train_policy(data, heldout=heldout, on_step=step), logs, out, as_json)
+    done = _fit(lambda step: train_policy(data, heldout=heldout, on_step=step, drop=drop or ()), logs, out, as_json)
     if done is None:
         return
     _, scores = done

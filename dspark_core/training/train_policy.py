@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -174,11 +174,28 @@ def fit_acceptance(data: RoundData, train: torch.Tensor, l2: float = 1e-3) -> tu
     return fit_logistic(x, y, l2)
 
 
-def train_policy(data: RoundData, *, heldout: float = 0.2, on_step: Callable[[int, int], None] | None = None
-                 ) -> tuple[PolicyFile, dict[str, float]]:
-    """Fit on the first (1 - heldout) of each log's rounds; compare verify_all, prefix, learned on the rest."""
+def check_drop(drop: Sequence[str]) -> None:
+    """One line for a feature name that cannot be left out (the bias, or no feature of this policy)."""
+    bad = sorted(set(drop) - set(FEATURES[1:]))
+    if bad:
+        raise DSparkError(f"cannot drop {', '.join(bad)}: the features are {', '.join(FEATURES[1:])}")
+
+
+def train_policy(data: RoundData, *, heldout: float = 0.2, on_step: Callable[[int, int], None] | None = None,
+                 drop: Sequence[str] = ()) -> tuple[PolicyFile, dict[str, float]]:
+    """Fit on the first (1 - heldout) of each log's rounds; compare verify_all, prefix, learned on the rest.
+    `drop`: features left out (weight 0), so that the engine need not compute them (the draft entropy costs a
+    softmax pass over the vocabulary per drafted position)."""
+    check_drop(drop)
+    if drop:
+        cols = [FEATURES.index(f) for f in drop]
+        data = replace(data, x=data.x.clone())
+        data.x[:, :, cols] = 0.0
     train, test = split(data, heldout)
     mean, scale, w = fit_acceptance(data, train)
+    for f in drop:  # exactly out of the model, whatever the optimiser left
+        i = FEATURES.index(f)
+        mean[i], scale[i], w[i] = 0.0, 1.0, 0.0
     logits = ((data.x - mean) / scale) @ w  # [P, G]
     best, shift = -1.0, 0.0
     for i, s in enumerate(SHIFTS):  # the one parameter fitted to the priced reward
@@ -198,4 +215,6 @@ def train_policy(data: RoundData, *, heldout: float = 0.2, on_step: Callable[[in
                         shift=shift, gamma=int(data.x.shape[1]),
                         trained_on={k: round(v, 4) if isinstance(v, float) else v for k, v in scores.items()})
     policy.trained_on["mean_entropy"] = round(data.mean_entropy, 4)
+    if drop:
+        policy.trained_on["dropped"] = ",".join(drop)
     return policy, scores

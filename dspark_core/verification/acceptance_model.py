@@ -65,6 +65,11 @@ class AcceptanceModel(BaseModel):
     def save(self, path: str | Path) -> Path:
         return atomic_write_text(path, self.model_dump_json(indent=2) + "\n")
 
+    def uses(self, name: str) -> bool:
+        """Whether feature `name` moves the estimate (a feature trained with `--drop` has weight 0: nothing need
+        compute it)."""
+        return name in self.features and self.weights[self.features.index(name)] != 0.0
+
     def raw_logit(self, phi: Sequence[float]) -> float:
         """w . ((phi - mean) / scale), without the shift."""
         return sum(w * (x - m) / s for w, x, m, s in zip(self.weights, phi, self.mean, self.scale, strict=True))

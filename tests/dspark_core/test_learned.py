@@ -137,3 +137,23 @@ def test_a_bundle_names_its_policy_relative_to_dspark_yaml(tmp_path) -> None:
     (tmp_path / "dspark.yaml").write_text("spec:\n  scheduler: learned\n  policy_path: policy.json\n")
     cfg = load_config(tmp_path / "dspark.yaml")
     assert cfg.spec.policy_path == str(tmp_path / "policy.json")
+
+
+def test_a_dropped_feature_is_out_of_the_policy_and_the_engine_skips_it(target, tmp_path) -> None:
+    log = tmp_path / "synthetic.jsonl"
+    _synthetic_log(log, 120, seed=5)
+    policy, scores = train_policy(load_rounds([log]), drop=("entropy",))
+    w = dict(zip(FEATURES, policy.weights, strict=True))
+    assert w["entropy"] == 0.0 and w["recent_acceptance"] > 0 and not policy.uses("entropy")
+    assert policy.trained_on["dropped"] == "entropy" and scores["learned"] > scores["prefix"]
+    with pytest.raises(DSparkError, match="cannot drop bias"):
+        train_policy(load_rounds([log]), drop=("bias",))
+    # the engine computes the draft entropy only for a policy that reads it (or a round log)
+    full, _ = train_policy(load_rounds([log]))
+    for pol, wants in ((policy, False), (full.model_copy(update={"weights": [0.1] * len(FEATURES)}), True)):
+        path = pol.save(tmp_path / "p.json")
+        cfg = engine_config(block=6, max_requests=3, method="dspark")
+        cfg.spec.scheduler, cfg.spec.policy_path = "learned", str(path)  # type: ignore[assignment]
+        eng = Engine(cfg, target=target, drafter=random_drafter(target, block=6),
+                     scheduler=build_verify_scheduler(cfg, target, sps=SPS))
+        assert eng.drafter.want_entropy is wants  # type: ignore[union-attr]
