@@ -4,7 +4,8 @@ Usage: python benchmarks/bench_learned.py [--limit 8] [--train-prompts 16] [--ma
 Needs `python cli.py models fetch smollm2-135m` and the committed SmolLM2 markov drafter. Runs, all through the CLI:
 1. round logs: `cli.py bench` with dspark_markov/verify_all (full information) on standard-library prompts (the
    drafters' training distribution, never the held-out prompts) at concurrency 1 and 8, spec.round_log set;
-2. `cli.py train-policy` on both logs -> dspark_core/assets/smollm2-135m/policy_cpu_bf16_markov.json;
+2. `cli.py train-policy` on both logs -> $WORK/policy.json (the committed policy_cpu_bf16_markov.json is
+   benchmarks/train_learned_policy.py's, trained on mixed code and chat logs);
 3. `cli.py bench` on the held-out code prompts at concurrency 1 and 8: plain, dspark_markov/verify_all, /prefix and
    /learned in one run each;
 then writes results/smollm2_learned.json and the RESULTS.md section between the `learned` markers.
@@ -26,7 +27,6 @@ from results_md import bench_table, write_section
 HERE = Path(__file__).parent
 ROOT = HERE.parent
 MODEL = "smollm2-135m"
-POLICY = ROOT / "dspark_core" / "assets" / MODEL / "policy_cpu_bf16_markov.json"
 METHODS = "plain,dspark_markov/verify_all,dspark_markov/prefix,dspark_markov/learned"
 
 
@@ -82,10 +82,11 @@ def main() -> None:
         cfg.write_text(f"spec:\n  round_log: {json.dumps(str(log))}\n")
         bench(args, train, "dspark_markov/verify_all", c, cfg, args.train_prompts, 1)
         logs.append(log)
-    trained, train_cmd = run([sys.executable, "cli.py", "train-policy", *map(str, logs), "--out", str(POLICY),
+    policy = work / "policy.json"
+    trained, train_cmd = run([sys.executable, "cli.py", "train-policy", *map(str, logs), "--out", str(policy),
                               "--json"], work)
     cfg = work / "learned.yaml"
-    cfg.write_text(f"spec:\n  policy_path: {json.dumps(str(POLICY))}\n")
+    cfg.write_text(f"spec:\n  policy_path: {json.dumps(str(policy))}\n")
     results = {}
     for c in (1, 8):
         results[c] = bench(args, Path(args.prompts), METHODS, c, cfg, args.limit, args.repeats)
