@@ -124,9 +124,7 @@ class Engine:
         c = self.config
         self.scheduler = scheduler
         if hasattr(self.drafter, "want_entropy"):  # a feature of the learned scheduler and of the round log
-            learned = getattr(getattr(scheduler, "policy", None), "policy", None)  # its PolicyFile, if any
-            reads = c.spec.scheduler == "learned" and (learned is None or learned.uses("entropy"))
-            self.drafter.want_entropy = reads or c.spec.round_log is not None  # type: ignore[union-attr]
+            self.drafter.want_entropy = bool(getattr(scheduler, "reads_entropy", False))  # type: ignore[union-attr]
         if hasattr(scheduler, "classes") and (c.spec.gamma_policy == "learned" or c.spec.round_log):
             from dspark_core.verification.gamma_policy import TokenClasses
 

@@ -187,15 +187,13 @@ def train_policy(data: RoundData, *, heldout: float = 0.2, on_step: Callable[[in
     `drop`: features left out (weight 0), so that the engine need not compute them (the draft entropy costs a
     softmax pass over the vocabulary per drafted position)."""
     check_drop(drop)
-    if drop:
-        cols = [FEATURES.index(f) for f in drop]
+    cols = [FEATURES.index(f) for f in drop]
+    if cols:
         data = replace(data, x=data.x.clone())
         data.x[:, :, cols] = 0.0
     train, test = split(data, heldout)
     mean, scale, w = fit_acceptance(data, train)
-    for f in drop:  # exactly out of the model, whatever the optimiser left
-        i = FEATURES.index(f)
-        mean[i], scale[i], w[i] = 0.0, 1.0, 0.0
+    mean[cols], scale[cols], w[cols] = 0.0, 1.0, 0.0  # exactly out of the model, whatever the optimiser left
     logits = ((data.x - mean) / scale) @ w  # [P, G]
     best, shift = -1.0, 0.0
     for i, s in enumerate(SHIFTS):  # the one parameter fitted to the priced reward

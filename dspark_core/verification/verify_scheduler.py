@@ -72,6 +72,13 @@ class EngineScheduler:
         old = float(getattr(self.policy, "overhead_s", 0.0))
         self.policy.overhead_s = extra if old == 0.0 else (1 - self.ema) * old + self.ema * extra  # type: ignore[attr-defined]
 
+    @property
+    def reads_entropy(self) -> bool:
+        """Whether anything reads the drafter's per-position entropies: the round log, or a learned verify-length
+        policy that weighs them (one trained with `--drop entropy` does not)."""
+        learned = isinstance(self.policy, LearnedScheduler) and self.policy.policy.uses("entropy")
+        return self.log is not None or learned
+
     def _features(self) -> bool:
         """Whether anything reads the per-round features (entropies, rolling acceptance): learned policy, log."""
         return self.log is not None or isinstance(self.policy, LearnedScheduler) or self.gamma_policy is not None
