@@ -12,12 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,34 +43,19 @@ def tasks(pgid: int) -> dict[tuple[int, int], Task]:
     return out
 
 
-def start(script: str, log: Path) -> tuple[subprocess.Popen, int]:
-    from tuner.live.process import free_port
+def start(script: str, log: Path):  # -> tuner.live.process.Server, healthy
+    """The launch script on a free port, through the tuner's own server handling (process group, pidfile)."""
+    from tuner.live.process import Launch, Server, ServerFailed, free_port
 
     port = free_port()
-    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "VLLM_HOST_IP": "127.0.0.1"}
-    proc = subprocess.Popen(["bash", script, "--port", str(port), "--host", "127.0.0.1"], env=env,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    t0 = time.time()
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-            return proc, port
-        except OSError:
-            if time.time() - t0 > 300 or proc.poll() is not None:
-                stop(proc)
-                sys.exit(f"vllm_cpu_placement: the server did not become healthy; see {log}")
-            time.sleep(1)
-
-
-def stop(proc: subprocess.Popen) -> None:
+    env = {"PATH": f"{VENV_BIN}:{os.environ['PATH']}", "VLLM_HOST_IP": "127.0.0.1"}
+    server = Server(Launch(["bash", script, "--port", str(port), "--host", "127.0.0.1"], env, ROOT, port), log)
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
+        server.wait_healthy(300.0)
+    except ServerFailed as e:
+        server.stop()
+        sys.exit(f"vllm_cpu_placement: {e.why}")
+    return server
 
 
 def sample(pgid: int, into: list[dict], done: threading.Event) -> None:
@@ -98,21 +80,22 @@ def main() -> None:
     prompts = [json.loads(x)["prompt"] for x in open(ROOT / "benchmarks/prompts/heldout_code.jsonl")]
     plan = [Planned(i, prompts[i % len(prompts)], a.max_tokens) for i in range(a.requests)]
     for i in range(a.starts):
-        proc, port = start(a.script, Path(f"/tmp/vllm_cpu_placement_{i}.log"))
+        server = start(a.script, Path(f"/tmp/vllm_cpu_placement_{i}.log"))
+        pgid = server.proc.pid
         try:
-            target = Target.parse(f"http://127.0.0.1:{port}/v1", None)
+            target = Target.parse(f"{server.url}/v1", None)
             run(target, plan[:4], None, 4, 120.0, 0.0, True)  # warm-up
-            before, samples, done = tasks(proc.pid), [], threading.Event()
-            th = threading.Thread(target=sample, args=(proc.pid, samples, done))
+            before, samples, done = tasks(pgid), [], threading.Event()
+            th = threading.Thread(target=sample, args=(pgid, samples, done))
             th.start()
             cpu0 = time.process_time()
             recs, secs = run(target, plan, None, a.concurrency, 600.0, 0.0, True)
             client = (time.process_time() - cpu0) / secs  # this process: the load generator and the sampler
             done.set()
             th.join()
-            after = tasks(proc.pid)
+            after = tasks(pgid)
         finally:
-            stop(proc)
+            server.stop()
         busy = []
         for k, (comm, thread, ticks, _, allowed) in after.items():
             if k in before and ticks - before[k][2] > 10:  # > 0.1 s of CPU
