@@ -293,8 +293,9 @@ def main() -> None:
             predicted[i].append(pr["throughput"] * speed)
             raw[i].append(pr["throughput"])
             tau_pred[i] = pr["tau"]
+        fitted = {k: round(v, 6) for k, v in calib["efficiency"].items() if isinstance(v, float)}  # kernels: None
         print(f"  repeat {rep + 1}/{args.repeats} done ({time.time() - t_start:.0f} s); "
-              f"efficiency {json.dumps({k: round(v, 6) for k, v in calib['efficiency'].items() if k != 'source'})}")
+              f"efficiency {json.dumps(fitted)}")
     calib = calibs[-1]
     rows = []
     for i, p in enumerate(cfgs):
