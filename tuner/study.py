@@ -220,12 +220,14 @@ def slo_constraints(ev: Any, slo_tpot_ms: float | None, slo_ttft_ms: float | Non
 
 
 def beyond_target(trial, target: int) -> bool:
-    """Whether `trial` came after the study already had `target` completed or running trials: two workers that
-    both saw room for one more trial keep the one the database numbered first."""
+    """Whether `trial` came after the study already had `target` completed, running or queued trials: two workers
+    that both saw room for one more trial keep the one the database numbered first. A queued (enqueued, still
+    WAITING) trial counts: it keeps its lower number when a worker pops it later, so leaving it out let a trial
+    numbered after it run too, one over the target."""
     from optuna.trial import TrialState
 
-    ahead = [t for t in trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
-             if t.number < trial.number]
+    states = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
+    ahead = [t for t in trial.study.get_trials(deepcopy=False, states=states) if t.number < trial.number]
     return len(ahead) >= target
 
 
