@@ -97,6 +97,9 @@ class Engine:
 
         self.config = config or EngineConfig()
         c = self.config
+        from dspark_core.preflight import preflight  # weights + KV cache + drafter against free memory, first
+
+        preflight(c, target.arch if target is not None else None, with_drafter=drafter is None)
         self.target = target if target is not None else load_model(c.model.path, c.device, c.weights.dtype)
         if tokenizer is None and target is None:
             tokenizer = Tokenizer.load(c.model.tokenizer or c.model.path, self.target.arch.eos_ids)
@@ -168,6 +171,20 @@ class Engine:
             self._running.remove(req)
         return self._finish(req)
 
+    def fail_in_flight(self) -> list[Output]:
+        """After `step` raised: end every request the failed step held (running, or taken from the queue for its
+        prefill) with finish_reason "error" and free their slots, so the loop can go on with the waiting ones. A
+        step's state is not rolled back, so no request of it can continue; the queue is untouched."""
+        held = [r for r in self._ids.values() if r.slot >= 0 or r in self._running]
+        self._running = [r for r in self._running if r not in held]
+        failed = []
+        for req in held:
+            req.finish = "error"
+            if req.slot >= 0:
+                self.cache.truncate(req.slot, 0)
+            failed.append(self._finish(req))
+        return failed
+
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
@@ -178,6 +195,10 @@ class Engine:
 
     def has_work(self) -> bool:
         return bool(self._waiting or self._running)
+
+    def live_ids(self) -> set[str]:
+        """Ids of the requests not yet finished (waiting or running)."""
+        return set(self._ids)
 
     def step(self) -> list[Update]:
         """Admit waiting requests into free slots (one ragged prefill), then one speculative round for every

@@ -30,6 +30,9 @@ def loadgen_cmd(
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Ask for exactly max_tokens tokens (vLLM / "
                                                                   "SGLang / ours honour it).")] = False,
     model: Annotated[str | None, typer.Option(help="Model id to request (default: the server's first).")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="DSPARK_API_KEY", show_envvar=True,
+                                                help="Send Authorization: Bearer KEY (a server started with "
+                                                     "--api-key: ours, vLLM's or SGLang's).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of output lengths and arrivals.")] = 0,
     out: Annotated[Path | None, typer.Option(help="Write the summary and every request's record as JSON.")] = None,
     json_out: JsonOpt = False,
@@ -45,7 +48,7 @@ def loadgen_cmd(
         raise ProfileError("loadgen: give exactly one of --rate R (open loop) or --concurrency C (closed loop)")
     phases = parse_rate(rate) if rate is not None else None
     plan = plan_requests(workload, requests, max_tokens, seed)
-    target = Target.parse(url, model)
+    target = Target.parse(url, model, api_key=api_key)
     arrivals = poisson_arrivals(phases, len(plan), seed) if phases else None
     mode = f"rate {rate}" if rate is not None else f"concurrency {concurrency}"
     counts = {"ok": 0, "429": 0, "failed": 0}
@@ -128,16 +131,19 @@ def monitor_cmd(
             seen.append(sample)
             live.update(view())
 
-        watch(target, interval, None if samples is None else samples - 1, duration, on_sample)
+        watch(target, interval, None if samples is None else samples - 1, duration, on_sample, first_done=True)
     whole = window(seen[0], seen[-1])
     checks = compare(whole, pred, tolerance) if pred else []
     result = {"deployment_id": dep, "url": target, "kind": first.kind, "samples": len(seen), "window": whole,
-              "drift": [c.metric for c in checks if c.drift]}
+              "drift": [c.metric for c in checks if c.drift],
+              "non_finite_dropped": sum(s.non_finite for s in seen)}  # NaN / Inf values, never stored
     if json_out:
         print_json(result)
         return
     console.print(f"deployment {dep}: {len(seen)} samples of {target} stored; drift: "
-                  f"{', '.join(result['drift']) or 'none'}" + ("" if pred else " (no --bundle to compare with)"))
+                  f"{', '.join(result['drift']) or 'none'}" + ("" if pred else " (no --bundle to compare with)")
+                  + (f"; {result['non_finite_dropped']} NaN / infinite value(s) dropped"
+                     if result["non_finite_dropped"] else ""))
 
 
 def _fmt(v) -> str:  # noqa: ANN001 - float | list | None

@@ -17,11 +17,21 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from live.traffic import Planned
 
 OPEN_LOOP_THREADS = 256  # client threads of an open-loop run (requests beyond wait, and their TTFT shows it)
+MAX_RESPONSE_BYTES = 1 << 20  # of a /v1/models answer
+
+
+def server_json(raw: bytes) -> Any:
+    """A JSON value a server sent, nesting bounded before json.loads recurses (dspark_core.jsonl); ValueError
+    otherwise, which the callers record as the request's error."""
+    from dspark_core.jsonl import JSON_DEPTH, json_depth
+
+    if json_depth(raw) > JSON_DEPTH:
+        raise ValueError(f"JSON nested deeper than {JSON_DEPTH} levels")
+    return json.loads(raw)
 
 
 @dataclass
@@ -54,18 +64,21 @@ class Target:
     model: str
     https: bool = False
     timeout_s: float = 600.0
+    api_key: str | None = None  # sent as Authorization: Bearer (a server started with --api-key)
+
+    def headers(self, **extra: str) -> dict[str, str]:
+        """Request headers: the API key's, if any, and `extra`."""
+        return ({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}) | extra
 
     @staticmethod
-    def parse(url: str, model: str | None, timeout_s: float = 600.0) -> Target:
-        from profiler.errors import ProfileError
+    def parse(url: str, model: str | None, timeout_s: float = 600.0, api_key: str | None = None) -> Target:
+        from live.urls import server_url
 
-        u = urlsplit(url if "://" in url else "http://" + url)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ProfileError(f"--url {url!r}: give the server's address, e.g. http://127.0.0.1:8000/v1")
+        u = server_url(url)  # one line for a bad address ('not a url', a bad port), before any connection
         prefix = u.path.rstrip("/")
         prefix = prefix if prefix.endswith("/v1") else prefix + "/v1"
         t = Target(u.hostname, u.port or (443 if u.scheme == "https" else 80), prefix, model or "",
-                   u.scheme == "https", timeout_s)
+                   u.scheme == "https", timeout_s, api_key or None)
         if not model:
             t.model = t.first_model()
         return t
@@ -79,12 +92,17 @@ class Target:
 
         try:
             conn = self.connect()
-            conn.request("GET", self.prefix + "/models")
-            data = json.loads(conn.getresponse().read())
+            conn.request("GET", self.prefix + "/models", headers=self.headers())
+            data = server_json(conn.getresponse().read(MAX_RESPONSE_BYTES))
             return str(data["data"][0]["id"])
-        except (OSError, ValueError, KeyError, IndexError) as e:
+        except (OSError, ValueError, KeyError, IndexError, TypeError, http.client.HTTPException) as e:
             raise ProfileError(f"cannot list the models at http://{self.host}:{self.port}{self.prefix}/models "
                                f"({e}); is the server up? (or pass --model)") from None
+
+
+def _count(x: Any) -> int | None:
+    """A token count a server reported, or None when it is not a non-negative integer."""
+    return x if isinstance(x, int) and not isinstance(x, bool) and x >= 0 else None
 
 
 def send(target: Target, req: Planned, rec: Record, t0: float, temperature: float, ignore_eos: bool) -> Record:
@@ -97,12 +115,12 @@ def send(target: Target, req: Planned, rec: Record, t0: float, temperature: floa
     chunks = 0
     try:
         conn.request("POST", target.prefix + "/completions", json.dumps(body),
-                     {"Content-Type": "application/json", "Accept": "text/event-stream"})
+                     target.headers(**{"Content-Type": "application/json", "Accept": "text/event-stream"}))
         resp = conn.getresponse()
         rec.status = resp.status
         if resp.status != 200:
             rec.retry_after = resp.getheader("Retry-After")
-            rec.error = resp.read().decode(errors="replace")[:300]
+            rec.error = resp.read(4096).decode(errors="replace")[:300]
             return rec
         for raw in resp:
             line = raw.decode(errors="replace").strip()
@@ -111,18 +129,25 @@ def send(target: Target, req: Planned, rec: Record, t0: float, temperature: floa
             data = line[5:].strip()
             if data == "[DONE]":
                 break
-            msg = json.loads(data)
+            msg = server_json(data.encode())
+            if not isinstance(msg, dict):
+                raise ValueError(f"a stream event is JSON {type(msg).__name__}, not an object")
             if "error" in msg:
-                rec.error = str(msg["error"].get("message", msg["error"]))[:300]
+                err = msg["error"]
+                rec.error = str(err.get("message", err) if isinstance(err, dict) else err)[:300]
                 break
-            for ch in msg.get("choices") or []:
+            choices = msg.get("choices") or []
+            if not isinstance(choices, list) or not all(isinstance(ch, dict) for ch in choices):
+                raise ValueError("a stream event's choices are not a list of objects")
+            for ch in choices:
                 if ch.get("text") and rec.ttft_s is None:
                     rec.ttft_s = time.perf_counter() - t0 - rec.start_s
                 chunks += bool(ch.get("text"))
                 rec.finish_reason = ch.get("finish_reason") or rec.finish_reason
             use = msg.get("usage")
-            if use:
-                rec.prompt_tokens, rec.completion_tokens = use.get("prompt_tokens"), use.get("completion_tokens")
+            if isinstance(use, dict):
+                rec.prompt_tokens, rec.completion_tokens = _count(use.get("prompt_tokens")), _count(
+                    use.get("completion_tokens"))
         if rec.completion_tokens is None:  # a server without usage in its stream: count the text chunks
             rec.completion_tokens = chunks
     except (OSError, ValueError, http.client.HTTPException) as e:

@@ -24,17 +24,38 @@ def serve_config(tmp: Path, max_requests: int = 4) -> Path:
 
 
 class Server:
-    def __init__(self, config: Path, *extra: str) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+    def __init__(self, config: Path, *extra: str, api_key: str | None = None, env: dict[str, str] | None = None,
+                 preexec_fn=None) -> None:  # noqa: ANN001
+        self.api_key = api_key
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+        env.pop("DSPARK_API_KEY", None)
+        if api_key:
+            env["DSPARK_API_KEY"] = api_key
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "serve", "--config", str(config),
                                       "--port", "0", "--threads", "1", *extra],
-                                     stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+                                     stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                                     preexec_fn=preexec_fn)
+        self.preamble: list[str] = []  # stderr lines before the "serving" line (warnings)
         line = self.proc.stderr.readline()
-        assert "serving" in line, line + self.proc.stderr.read()
+        while line and "serving" not in line and len(self.preamble) < 20:
+            self.preamble.append(line)
+            line = self.proc.stderr.readline()
+        assert "serving" in line, "".join(self.preamble) + line + self.proc.stderr.read()
         self.url = line.strip().rsplit(" ", 1)[-1]  # http://127.0.0.1:PORT/v1
 
-    def post(self, path: str, body: bytes) -> tuple[int, dict]:
-        req = urllib.request.Request(self.url + path, data=body, headers={"Content-Type": "application/json"})
+    @property
+    def base(self) -> str:
+        """http://127.0.0.1:PORT (without /v1)."""
+        return self.url.removesuffix("/v1")
+
+    def headers(self, **extra: str) -> dict[str, str]:
+        return ({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}) | extra
+
+    def post(self, path: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict]:
+        """POST to /v1 + path (or the root when path starts with //); (status, JSON body)."""
+        url = self.base + path[1:] if path.startswith("//") else self.url + path
+        hdrs = self.headers(**{"Content-Type": "application/json"}) | (headers or {})
+        req = urllib.request.Request(url, data=body, headers=hdrs)
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
                 return r.status, json.loads(r.read())
@@ -46,13 +67,11 @@ class Server:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(60)
 
-
-
     @property
     def client(self):  # noqa: ANN201 - openai.OpenAI
         import openai
 
-        return openai.OpenAI(base_url=self.url, api_key="none", max_retries=0)
+        return openai.OpenAI(base_url=self.url, api_key=self.api_key or "none", max_retries=0)
 
 
 def scrape(server: Server) -> dict[tuple[str, str], float]:

@@ -32,8 +32,23 @@ def serve_cmd(
     threads: Annotated[int | None, typer.Option(min=1, help="torch CPU threads (default: torch's).")] = None,
     reconfigurable: Annotated[bool, typer.Option(help="Take POST /admin/spec: the verify-length settings change "
                                                       "between requests without a restart (tune --engine dspark "
-                                                      "uses it; anyone who reaches the port can change them).")
-                              ] = False,
+                                                      "uses it); needs --api-key.")] = False,
+    api_key: Annotated[str | None, typer.Option(envvar="DSPARK_API_KEY", show_envvar=True,
+                                                help="Require Authorization: Bearer KEY on /v1/* and /admin/* (and "
+                                                     "on /health, /metrics unless --open-endpoints names them).")
+                       ] = None,
+    open_endpoints: Annotated[str, typer.Option(help="Comma-separated endpoints that stay open with an API key: "
+                                                     "health, metrics, or none.")] = "health,metrics",
+    max_body_mb: Annotated[float, typer.Option(min=0.001, max=1024.0, help="Largest request body in MiB (413 past "
+                                                                         "it, before it is read).")] = 8.0,
+    limit_concurrency: Annotated[int, typer.Option(min=1, help="Most open connections and requests at once; past "
+                                                              "it requests get 503 and new connections are "
+                                                              "closed.")] = 1024,
+    timeout_header: Annotated[float, typer.Option(min=0.1, help="Seconds a connection gets to send a request's "
+                                                               "headers (and a body its bytes) before it is "
+                                                               "closed (slow clients).")] = 10.0,
+    timeout_keep_alive: Annotated[int, typer.Option(min=1, help="Seconds an idle keep-alive connection stays "
+                                                              "open.")] = 5,
 ) -> None:
     """Serve the engine: /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health."""
     import signal
@@ -45,10 +60,31 @@ def serve_cmd(
     from dspark_core.cli.commands import _config
     from dspark_core.engine import Engine
     from dspark_core.serving.app import ServeOptions, build_app
+    from dspark_core.serving.guard import GuardOptions, is_loopback
+    from dspark_core.serving.server import (
+        ACCEPT_BURST,
+        DrainingServer,
+        connection_cap,
+        protocol_class,
+        raise_open_files,
+    )
 
     if not config.is_file():
         raise DSparkError(f"--config {config}: no such file; pass a bundle's dspark.yaml (python cli.py tune "
                           "writes one to out/)")
+    opened = {e.strip() for e in open_endpoints.split(",") if e.strip()} - {"none"}
+    if opened - {"health", "metrics"}:
+        raise DSparkError(f"--open-endpoints {open_endpoints!r}: name health, metrics or none")
+    if api_key is not None and (not api_key.strip() or any(ord(c) < 33 or ord(c) == 127 for c in api_key)):
+        raise DSparkError("--api-key / DSPARK_API_KEY: empty or holds spaces or control characters; use a printable "
+                          "token")
+    if reconfigurable and not api_key:
+        raise DSparkError("--reconfigurable lets a client change the engine's settings: it needs --api-key (or "
+                          "DSPARK_API_KEY), which /admin/spec then requires")
+    loopback = is_loopback(host)
+    if not loopback and not api_key:
+        typer.echo(f"warning: binding {host} without an API key: anyone who reaches this port can use the server; "
+                   "pass --api-key or DSPARK_API_KEY", err=True)
     if threads:
         torch.set_num_threads(threads)
     cfg = _config(config, model)
@@ -60,21 +96,32 @@ def serve_cmd(
         sock.bind((host, port))
     except OSError as e:
         raise DSparkError(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port or --host") from None
-    sock.listen(2048)  # connections wait in the backlog until uvicorn accepts them
+    sock.listen(ACCEPT_BURST)  # connections wait in the backlog until uvicorn accepts them
     url = f"http://{host}:{sock.getsockname()[1]}/v1"
+    connections = connection_cap(limit_concurrency, raise_open_files())
 
     def ready() -> None:
         typer.echo(f"serving {name} ({engine.stats.method}) on {url}", err=True)
 
+    guard = GuardOptions(max_body_bytes=int(max_body_mb * (1 << 20)), body_timeout_s=timeout_header,
+                         api_key=api_key, open_paths=frozenset(f"/{e}" for e in opened), loopback_only=loopback)
     app = build_app(engine, ServeOptions(model_name=name, max_waiting=max_waiting, on_ready=ready, adaptive=adaptive,
                                          ttft_slo_s=slo_ttft_ms / 1e3 if slo_ttft_ms else None,
                                          tpot_slo_s=slo_tpot_ms / 1e3 if slo_tpot_ms else None,
-                                         reconfigurable=reconfigurable))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace))
+                                         reconfigurable=reconfigurable, guard=guard, grace_s=grace))
+    server = DrainingServer(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
+                                           limit_concurrency=connections, timeout_keep_alive=timeout_keep_alive,
+                                           backlog=ACCEPT_BURST,
+                                           http=protocol_class(timeout_header, connections)),
+                            app.state.drain)
     for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn re-raises the signal after its graceful shutdown: a
         signal.signal(sig, lambda *_: None)  # drained stop is a normal exit (0), not a death by signal
     server.run(sockets=[sock])
-    typer.echo("stopped: in-flight requests finished", err=True)
+    if server.ended_at_shutdown:
+        typer.echo(f"stopped: {server.ended_at_shutdown} requests did not finish within --grace {grace:g} s and "
+                   "were ended with an error", err=True)
+    else:
+        typer.echo("stopped: in-flight requests finished", err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -2,12 +2,17 @@
 
 Handlers `submit` a request and read its chunks from an asyncio queue; the thread admits what arrived, runs
 `Engine.step`, turns committed tokens into text deltas (holding back an incomplete UTF-8 character, cutting at
-stop strings) and hands them to the event loop. Only this thread touches the engine."""
+stop strings) and hands them to the event loop. Only this thread touches the engine.
+
+A step that raises fails only the requests it held (each gets an error naming itself: a 500, or an error event on
+its stream) and the loop goes on with the queue, so one bad request cannot stop the server for the others; /health
+turns 503 only after FAILING_STEPS steps in a row failed (the engine itself is broken)."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import queue
 import threading
 import time
@@ -15,6 +20,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dspark_core.errors import DSparkError
+
+log = logging.getLogger("dspark.serve")
+FAILING_STEPS = 3  # consecutive failed steps after which the engine reports itself unhealthy
 
 if TYPE_CHECKING:
     from dspark_core.engine import Engine, Output
@@ -30,7 +38,8 @@ class Chunk:
     text: str  # new text since the previous chunk
     tokens: int  # completion tokens so far
     finish_reason: str | None = None  # "stop" or "length" on the last chunk
-    error: str | None = None  # the request failed inside the engine
+    error: str | None = None  # the request failed inside the engine, or was ended by the shutdown
+    status: int = 500  # the HTTP status a non-streaming request answers with on an error
 
 
 @dataclass
@@ -57,18 +66,33 @@ class Driver:
         self._streams: dict[str, _Stream] = {}
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dspark-engine", daemon=True)
-        self.error: str | None = None  # set when the loop died
+        self.error: str | None = None  # set while the engine is broken (FAILING_STEPS failed steps in a row)
+        self._failed_steps = 0  # consecutive steps that raised
+        self.failed_requests = 0  # requests ended by a failed step
+        self._dead = False  # the loop has ended: new requests are answered at once
 
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def running(self) -> bool:
+        """Whether the engine thread is alive (it ends only at stop or when the engine is unusable)."""
+        return self._thread.is_alive()
+
     def submit(self, rid: str, ids: list[int], sp: SamplingParams, stops: list[str]) -> asyncio.Queue[Chunk]:
         out: asyncio.Queue[Chunk] = asyncio.Queue()
+        if self._dead:
+            out.put_nowait(Chunk("", 0, error=self.error or "the engine has stopped", status=503))
+            return out
         self._inbox.put(("add", (rid, ids, sp, _Stream(out, stops, len(ids)))))
         return out
 
     def abort(self, rid: str) -> None:
         self._inbox.put(("abort", rid))
+
+    def abort_all(self, message: str, status: int = 503) -> None:
+        """End every live request with `message` (its non-streaming answer gets `status`): the shutdown's deadline."""
+        self._inbox.put(("abort_all", (message, status)))
 
     def reconfigure(self, spec: dict[str, object]) -> concurrent.futures.Future:
         """Engine.reconfigure on the engine thread, between steps; the future holds the new spec section or the
@@ -86,18 +110,58 @@ class Driver:
     # -- the engine thread -------------------------------------------------------------------------
     def _run(self) -> None:
         eng = self.engine
-        try:
-            while not (self._stopping.is_set() and not eng.has_work() and self._inbox.empty()):
+        while not (self._stopping.is_set() and not eng.has_work() and self._inbox.empty()):
+            try:
                 self._take(block=not eng.has_work())
                 if eng.has_work():
                     self._batch()
                     for u in eng.step():
                         self._emit(u.request_id, u.new_tokens, u.output)
                     self._observe()
-        except Exception as exc:  # the engine broke: fail every live request instead of hanging it
-            self.error = f"{type(exc).__name__}: {exc}"
+                    self._failed_steps, self.error = 0, None
+                self._gauges()
+            except Exception as exc:  # noqa: BLE001 - a failed step must not end the loop
+                if not self._step_failed(exc):
+                    break
+        self._dead = self._dead or bool(self.error)
+        while True:  # what arrived after the loop ended gets an answer instead of a hang
+            try:
+                kind, arg = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add":
+                self._post(arg[3].out, Chunk("", 0, error=self.error or "the server is shutting down", status=503))
+
+    def _step_failed(self, exc: Exception) -> bool:
+        """Fail the requests the broken step held, each with an error naming it; keep the queue and the loop."""
+        eng = self.engine
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        self._failed_steps += 1
+        try:
+            failed = eng.fail_in_flight()
+        except Exception as again:  # noqa: BLE001 - the engine cannot even free its slots: it is broken
+            self.error = f"engine unusable after a failed step ({reason}; then {type(again).__name__}: {again})"
+            log.exception("engine step failed and could not recover")
+            self._dead = True
             for rid in list(self._streams):
                 self._send(rid, Chunk("", 0, error=self.error))
+            return False
+        names = [o.request_id for o in failed]
+        log.error("engine step failed (%s); ending requests %s, the others go on", reason, ", ".join(names) or "-",
+                  exc_info=exc)
+        live = eng.live_ids()
+        for out in failed:
+            st = self._streams.pop(out.request_id, None)
+            if st is not None:
+                self._count(st, out)
+                self._post(st.out, Chunk("", len(st.tokens), error=f"request {out.request_id} failed inside the "
+                                                                    f"engine ({reason})"))
+        for rid in [r for r in self._streams if r not in live]:  # ended mid-emit: nothing will answer them
+            self._send(rid, Chunk("", 0, error=f"request {rid} failed inside the engine ({reason})"))
+        self.failed_requests += len(failed)
+        if self._failed_steps >= FAILING_STEPS:
+            self.error = f"the last {self._failed_steps} engine steps failed ({reason})"
+        return True
 
     def _batch(self) -> None:
         """Apply the batcher's decision: the engine-wide block length, and a wait for more arrivals when idle."""
@@ -109,6 +173,12 @@ class Driver:
         deadline = time.perf_counter() + d.wait_s
         while eng.num_waiting < eng.config.batch.max_requests and (left := deadline - time.perf_counter()) > 0:
             self._take(block=True, timeout=left)
+
+    def _gauges(self) -> None:
+        """Running and waiting now, also when no step follows (an abort on an idle engine, the last request)."""
+        if self.metrics:
+            self.metrics.running.set(self.engine.num_running)
+            self.metrics.waiting.set(self.engine.num_waiting)
 
     def _observe(self) -> None:
         eng, st = self.engine, self.engine.stats
@@ -141,15 +211,24 @@ class Driver:
                     self._streams[rid] = stream
                     if self.batcher is not None:
                         self.batcher.arrival(time.perf_counter())
-                except DSparkError as e:
-                    self._post(stream.out, Chunk("", 0, error=str(e)))
+                except DSparkError as e:  # the edge checks the prompt first, so this is a race or a bug
+                    self._post(stream.out, Chunk("", 0, error=str(e), status=400))
+                except Exception as e:  # noqa: BLE001 - refuse this request only
+                    log.exception("request %s could not be queued", rid)
+                    self._post(stream.out, Chunk("", 0, error=f"request {rid} could not be queued ({e})"))
             elif kind == "abort" and arg in self._streams:
                 self._count(self._streams.pop(str(arg)), self.engine.abort(str(arg)))
+            elif kind == "abort_all":
+                message, status = arg  # type: ignore[misc]
+                for rid in list(self._streams):
+                    st = self._streams.pop(rid)
+                    self._count(st, self.engine.abort(rid))
+                    self._post(st.out, Chunk("", len(st.tokens), error=message, status=status))
             elif kind == "config":
                 spec, done = arg  # type: ignore[misc]
                 try:
                     done.set_result(self.engine.reconfigure(spec))
-                except DSparkError as e:
+                except Exception as e:  # noqa: BLE001 - the caller answers it (DSparkError: 400, else 500)
                     done.set_exception(e)
             try:
                 kind, arg = self._inbox.get_nowait()
@@ -190,7 +269,9 @@ class Driver:
             self._send(rid, Chunk(delta, len(st.tokens), finish), st)
 
     def _count(self, st: _Stream, output: Output | None) -> None:
-        """A request left the engine: count it (a request aborted before its prefill still ran no tokens)."""
+        """A request left the engine: count it (a request aborted before its prefill still ran no tokens), and the
+        gauges now, before its client hears of it."""
+        self._gauges()
         if self.batcher is not None and output is not None and output.latency_s and output.ttft_s is not None:
             self.batcher.finished(output.latency_s - output.ttft_s)
         if self.metrics and output is not None:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 if TYPE_CHECKING:
     import torch
+
+MIN_TEMPERATURE = 0.01  # the smallest sampling temperature (vLLM's _MAX_TEMP): below it logits / T overflow float32
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # a signed 64-bit seed (vLLM's range; torch's generator takes no wider)
 
 
 class SamplingParams(BaseModel):
@@ -19,13 +22,21 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    temperature: float = Field(0.0, ge=0.0)  # 0 = greedy; > 0 divides the logits before softmax
+    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)  # 0 = greedy; > 0 divides the logits
     top_k: int = Field(0, ge=0)  # keep the k most likely tokens (0 = off)
     top_p: float = Field(1.0, gt=0.0, le=1.0)  # keep the smallest set with cumulative probability >= p
     max_new_tokens: int = Field(64, ge=1)  # generation budget per request
-    seed: int = 0  # per-request generator seed (request i uses seed + i)
+    seed: int = Field(0, ge=SEED_MIN, le=SEED_MAX)  # per-request generator seed (request i uses seed + i)
     ignore_eos: bool = False  # keep generating past EOS (benchmarks with a fixed length)
     stop_token_ids: list[int] | None = None  # extra stop tokens; None = only the tokenizer's EOS
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, v: float) -> float:
+        if 0.0 < v < MIN_TEMPERATURE:
+            raise ValueError(f"temperature {v} is below {MIN_TEMPERATURE}: logits / T overflow and sampling fails; "
+                             "use 0 for greedy decoding")
+        return v
 
     @property
     def greedy(self) -> bool:

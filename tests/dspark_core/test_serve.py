@@ -99,7 +99,7 @@ def test_disconnect_frees_the_slot(tmp_path: Path) -> None:
     try:
         sock = socket.create_connection(("127.0.0.1", int(s.url.split(":")[-1].split("/")[0])))
         body = json.dumps({"prompt": "x", "max_tokens": 200, "stream": True, "ignore_eos": True}).encode()
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         assert b"200 OK" in sock.recv(4096)
         code, _ = s.post("/completions", b'{"prompt": "y", "max_tokens": 2}')

@@ -21,7 +21,8 @@ PROMPTS = ["def add(a, b):", "The capital of France"]
 
 def _admin(server: Server, body: object) -> tuple[int, dict]:
     url = server.url.removesuffix("/v1") + "/admin/spec"
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers=server.headers(**{"Content-Type": "application/json"}))
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             return r.status, json.loads(r.read())
@@ -45,7 +46,7 @@ def test_hot_fields_are_the_params_catalogue_says_the_engine_takes_hot():
 
 
 def test_a_running_server_changes_its_scheduler_and_stays_lossless(tmp_path: Path):
-    srv = Server(serve_config(tmp_path), "--reconfigurable")
+    srv = Server(serve_config(tmp_path), "--reconfigurable", api_key="k-reconfigure")
     try:
         before = _texts(srv)
         status, body = _admin(srv, {"scheduler": "prefix", "max_verify_tokens": 2, "adaptive_gamma": True})

@@ -89,7 +89,7 @@ def test_dspark_engine_tunes_and_ships_the_script_it_ran(state, tmp_path):
         line = proc.stderr.readline()
         assert "serving" in line, line
         srv = Server.__new__(Server)
-        srv.proc, srv.url = proc, line.strip().rsplit(" ", 1)[-1]
+        srv.proc, srv.url, srv.api_key = proc, line.strip().rsplit(" ", 1)[-1], None
         status, body = srv.post("/completions", json.dumps({"prompt": "def f(", "max_tokens": 4}).encode())
         assert status == 200 and body["usage"]["completion_tokens"] >= 1
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -84,6 +85,8 @@ class LiveEngine(abc.ABC):
     @abc.abstractmethod
     def write(self, folder: Path, params: dict[str, Any], port: int, found: Found) -> Launch:
         """The trial's launch files in `folder`, and how to start them on 127.0.0.1:`port`."""
+
+    api_key: str | None = None  # the key the launched server requires (sent by the load and the reconfigurations)
 
     def env(self, found: Found) -> dict[str, str]:
         """Environment the engine's launch script needs beyond PATH (the engine's bin folder first)."""
@@ -177,6 +180,7 @@ class DsparkEngine(LiveEngine):
         super().__init__(*a, **kw)
         self._target = None
         self._sps: dict[int, Any] = {}
+        self.api_key = secrets.token_urlsafe(24)  # `serve --reconfigurable` needs one; given in the environment
 
     def locate(self) -> Found:
         from importlib.metadata import PackageNotFoundError, version
@@ -235,7 +239,8 @@ class DsparkEngine(LiveEngine):
 
         spec = load_config(launch.cwd / "dspark.yaml").spec
         body = json.dumps({k: getattr(spec, k) for k in HOT_SPEC}).encode()
-        req = urllib.request.Request(url + "/admin/spec", data=body, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"}
+        req = urllib.request.Request(url + "/admin/spec", data=body, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=120) as r:
                 r.read()
@@ -246,7 +251,7 @@ class DsparkEngine(LiveEngine):
             return str(e)
 
     def env(self, found: Found) -> dict[str, str]:
-        return {"DSPARK_PYTHON": found.python}
+        return {"DSPARK_PYTHON": found.python, "DSPARK_API_KEY": self.api_key}
 
 
 # vLLM chooses the speculative method from the draft model's path before the method it was given
@@ -261,6 +266,15 @@ def vllm_draft_misread(path: str) -> str | None:
     return next((method for marker, method in VLLM_DRAFT_PATH_MARKERS if marker in low), None)
 
 
+def check_vllm_draft(draft: str) -> None:
+    """One line when vLLM would run the draft at `draft` as another method than draft_model."""
+    marker = vllm_draft_misread(draft)
+    if marker:
+        raise TunerError(f"--draft {draft}: vLLM picks its speculative method from the draft's path and would run "
+                         f"this one as '{marker}', not draft_model; link it under a path without '{marker}' "
+                         f"(ln -s {draft} /srv/models/ar-draft) and give that")
+
+
 class VllmEngine(LiveEngine):
     """vLLM's `vllm serve` through vllm.sh (vLLM's CPU build here)."""
 
@@ -270,11 +284,8 @@ class VllmEngine(LiveEngine):
     def __init__(self, profile: Profile, checkpoint: Path, python: str | None = None, draft: str | None = None
                  ) -> None:
         super().__init__(profile, checkpoint, python, draft)
-        marker = vllm_draft_misread(draft) if draft else None
-        if marker:
-            raise TunerError(f"--draft {draft}: vLLM picks its speculative method from the draft's path and would run "
-                             f"this one as '{marker}', not draft_model; link it under a path without '{marker}' "
-                             f"(ln -s {draft} /srv/models/ar-draft) and give that")
+        if draft:
+            check_vllm_draft(draft)
 
     def build(self) -> dict[str, Any]:
         return catalogue()["vllm"]["builds"]["cpu" if self.cpu else "gpu"]

@@ -172,7 +172,8 @@ class LiveEvaluator(Evaluator):
         from live.loadgen import Target
 
         assert self.server is not None
-        return Target.parse(self.server.url + "/v1", None, timeout_s=max(60.0, self.spec.trial_seconds))
+        return Target.parse(self.server.url + "/v1", None, timeout_s=max(60.0, self.spec.trial_seconds),
+                            api_key=self.engine.api_key)
 
     def _drive(self, n: int, concurrency: int, seed: int):  # -> (records, seconds)
         from live.loadgen import run
