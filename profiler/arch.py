@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from profiler.config_check import ProfilerConfig, TopLevel, VisionConfig, check
 from profiler.errors import ProfileError
 
 # model_type -> (family, per-family defaults as transformers' config classes set them)
@@ -131,19 +132,15 @@ def _need(cfg: dict[str, Any], key: str, where: str) -> int:
     return v
 
 
-def _vision_params(vc: dict[str, Any], text_hidden: int) -> int:
+def _vision_params(vc: VisionConfig, text_hidden: int) -> int:
     """SigLIP vision tower + Gemma-3 projector, as transformers builds them."""
-    h = int(vc.get("hidden_size", 1152))
-    inter = int(vc.get("intermediate_size", 4304))
-    layers = int(vc.get("num_hidden_layers", 27))
-    patch = int(vc.get("patch_size", 14))
-    image = int(vc.get("image_size", 896))
-    channels = int(vc.get("num_channels", 3))
+    h, inter, layers = vc.hidden_size, vc.intermediate_size, vc.num_hidden_layers
+    patch, image, channels = vc.patch_size, vc.image_size, vc.num_channels
     per_layer = 4 * (h * h + h) + (h * inter + inter) + (inter * h + h) + 2 * 2 * h  # attn, mlp, 2 LayerNorms
     patches = (image // patch) ** 2
     embed = channels * patch * patch * h + h + patches * h  # patch conv + bias + position embedding
     tower = layers * per_layer + embed + 2 * h  # + post LayerNorm
-    if vc.get("vision_use_head", True):  # SigLIP attention-pooling head (Gemma-3 checkpoints drop it)
+    if vc.vision_use_head:  # SigLIP attention-pooling head (Gemma-3 checkpoints drop it)
         tower += h + (4 * h * h + 4 * h) + 2 * h + (h * inter + inter) + (inter * h + h)
     projector = h * text_hidden + h  # mm_input_projection_weight + mm_soft_emb_norm
     return tower + projector
@@ -153,6 +150,7 @@ def read_config(raw: dict[str, Any], where: str = "config.json") -> ArchSpec:
     """Normalise one config.json dict; raises ProfileError (one line) on an unknown architecture."""
     if not isinstance(raw, dict):
         raise ProfileError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+    check(TopLevel, raw, where)  # types of what is read before the language model's config is found
     model_type = raw.get("model_type")
     if model_type is None:
         archs = raw.get("architectures") or []
@@ -160,14 +158,16 @@ def read_config(raw: dict[str, Any], where: str = "config.json") -> ArchSpec:
     notes: list[str] = []
     cfg = raw
     vision = 0
+    vision_cfg: VisionConfig | None = None
     if model_type in _MULTIMODAL:
         text = dict(raw.get("text_config") or {})
         if not text:
             raise ProfileError(f"{where}: multimodal '{model_type}' config has no text_config")
+        check(TopLevel, text, f"{where}: text_config")
         model_type = text.get("model_type") or f"{model_type}_text"
         vc = raw.get("vision_config")
         if vc:
-            vision = _vision_params(vc, int(text.get("hidden_size", 0)))
+            vision_cfg = check(VisionConfig, vc, f"{where}: vision_config")
             notes.append("vision tower counted in params_total, not in params_active")
         cfg = {**text, "torch_dtype": raw.get("torch_dtype", raw.get("dtype"))}
     if model_type not in _FAMILIES:
@@ -176,6 +176,9 @@ def read_config(raw: dict[str, Any], where: str = "config.json") -> ArchSpec:
                            f"architectures={raw.get('architectures')!r}); supported model types: {known}")
     family, defaults = _FAMILIES[model_type]
     cfg = {**defaults, **{k: v for k, v in cfg.items() if v is not None}}
+    check(ProfilerConfig, cfg, where)  # every field read below is typed and bounded from here on
+    if vision_cfg is not None:
+        vision = _vision_params(vision_cfg, int(cfg["hidden_size"]))
 
     hidden = _need(cfg, "hidden_size", where)
     layers = _need(cfg, "num_hidden_layers", where)

@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from dspark_core.modeling.arch import CONFIG_MAX_BYTES
 from profiler.arch import ArchSpec, read_config
 from profiler.catalog import resolve_model, workload_presets
 from profiler.derived import context_len, derive
@@ -44,12 +45,18 @@ def read_json(path: Path) -> dict:
     """A JSON file as a dict; a missing or broken file is one ProfileError line."""
     if not path.is_file():
         raise ProfileError(f"file not found: {path}")
+    if path.stat().st_size > CONFIG_MAX_BYTES:
+        raise ProfileError(f"{path}: larger than {CONFIG_MAX_BYTES} bytes, not a config.json")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ProfileError(f"{path}: invalid JSON at line {e.lineno} column {e.colno} ({e.msg})") from None
     except UnicodeDecodeError:
         raise ProfileError(f"{path}: not a text file (expected config.json)") from None
+    except RecursionError:
+        raise ProfileError(f"{path}: nests too deeply to be a config.json") from None
+    except ValueError as e:  # a number past Python's 4300-digit limit for int parsing
+        raise ProfileError(f"{path}: not a config.json ({' '.join(str(e).split())[:80]})") from None
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: expected a JSON object (a config.json), got {type(data).__name__}")
     return data
@@ -89,6 +96,12 @@ def resolve_arch(model: str) -> tuple[ArchSpec | None, str, str, list[str]]:
             cfg = p / "config.json"
             if not cfg.is_file():
                 raise ProfileError(f"{p}: no config.json in this folder (expected a Hugging Face model folder)")
+            from dspark_core.modeling.weights import inside
+
+            try:
+                inside(p, cfg)  # a config.json linking out of the folder is refused, as the engine refuses it
+            except DSparkError as e:
+                raise ProfileError(str(e)) from None
             return read_config(read_json(cfg), str(cfg)), p.name, str(p), notes
         spec = read_config(read_json(p), str(p))
         name = p.parent.name if p.name == "config.json" and p.parent.name else p.stem

@@ -37,14 +37,13 @@ def train_ar_draft_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
 ) -> None:
     """Distil a small AR draft model from a fetched target (for assisted generation and draft_model peers)."""
-    import torch
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from dspark_core.cli.commands_dspark import _emit, _load_target, target_data, train_root
     from dspark_core.config import MODEL_ASSETS
     from dspark_core.modeling.checkpoint import checkpoint_folder
     from dspark_core.modeling.models_fetch import name_of
-    from dspark_core.training.train import DATA_FILE
+    from dspark_core.training.train import DATA_FILE, load_state
     from dspark_core.training.train_ar import (
         STATE_FILE,
         ARSpec,
@@ -64,7 +63,7 @@ def train_ar_draft_cmd(
     if not data_file.is_file():
         raise DSparkError(f"no training data at {data_file}: run `python cli.py train-drafter --target {name}` first "
                           "(the AR draft trains on the same target-generated data)")
-    cached = torch.load(data_file, weights_only=False)
+    cached = load_state(data_file)
     data, meta = cached["data"], cached["meta"]
     work = root / "ar"
     work.mkdir(parents=True, exist_ok=True)

@@ -161,6 +161,7 @@ def train_drafter_cmd(
         TrainConfig,
         cache_target,
         evaluate_acceptance,
+        load_state,
         train_drafter,
     )
 
@@ -185,7 +186,7 @@ def train_drafter_cmd(
                       loss=LossWeights(kl=kl))
     state_file = work / STATE_FILE
     if state_file.is_file():
-        prev = torch.load(state_file, weights_only=False).get("config", {})
+        prev = load_state(state_file).get("config", {})
         # what makes a different drafter or a different objective; a state written before a key existed had its default
         now = dict(head=cfg.head, block_size=cfg.block_size, num_layers=cfg.num_layers, markov_rank=cfg.markov_rank,
                    mask_token_id=cfg.mask_token_id, intermediate_size=cfg.intermediate_size,
@@ -204,7 +205,7 @@ def train_drafter_cmd(
             TextColumn("loss {task.fields[loss]:.3f} accept {task.fields[acc]:.3f}"), TimeElapsedColumn(),
             TimeRemainingColumn())
     with Progress(*cols, disable=as_json, transient=False) as progress:
-        cached = torch.load(data_file, weights_only=False) if data_file.is_file() else None
+        cached = load_state(data_file) if data_file.is_file() else None
         if cached is not None and cached.get("meta") == meta:
             data = cached["data"]
         else:
@@ -232,7 +233,7 @@ def train_drafter_cmd(
                        greedy_fraction=1.0, temperature=0.0, seed=seed + 1, heldout=True)
     acc = evaluate_acceptance(model, tgt, held)
     params = sum(p.numel() for p in model.parameters())
-    done = int(torch.load(state_file, weights_only=False)["step"]) if state_file.is_file() else steps
+    done = int(load_state(state_file)["step"]) if state_file.is_file() else steps
     result = {"out": str(folder), "head": head, "steps": done, "params": params,
               "final_loss": ema.get("loss"), "heldout_position_acceptance": [round(a, 4) for a in acc]}
     stale = [name for name in ("sts.json", "acceptance.json") if (folder / name).is_file()]

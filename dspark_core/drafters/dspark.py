@@ -61,10 +61,36 @@ class DraftConfig:
             raise ValueError(f"unknown head {self.head!r}; choose one of {', '.join(HEADS)}")
         if not self.target_layers:
             raise ValueError("target_layers is empty; the backbone needs at least one target layer")
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        from dspark_core.drafters.draft_schema import BLOCK_MAX, CONTEXT_LAYERS_MAX, DRAFT_LAYERS_MAX, RANK_MAX
+        from dspark_core.modeling.config_schema import HEAD_DIM_MAX, HEADS_MAX, HIDDEN_MAX, INTERMEDIATE_MAX, VOCAB_MAX
+
+        for name, hi in (("vocab_size", VOCAB_MAX), ("hidden_size", HIDDEN_MAX), ("block_size", BLOCK_MAX),
+                         ("markov_rank", RANK_MAX), ("num_layers", DRAFT_LAYERS_MAX), ("num_heads", HEADS_MAX),
+                         ("num_kv_heads", HEADS_MAX), ("head_dim", HEAD_DIM_MAX),
+                         ("intermediate_size", INTERMEDIATE_MAX)):  # bounds as draft_schema.py documents them
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+                raise ValueError(f"{name} must be an integer in [1, {hi}], got {value!r}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} is odd; RoPE rotates pairs of channels")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads {self.num_kv_heads} does not divide num_heads {self.num_heads}")
+        if len(self.target_layers) > CONTEXT_LAYERS_MAX:
+            raise ValueError(f"{len(self.target_layers)} target_layers; at most {CONTEXT_LAYERS_MAX}")
+        if not all(isinstance(x, int) and 0 <= x for x in self.target_layers):
+            raise ValueError(f"target_layers must be non-negative layer indices, got {self.target_layers}")
         if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})")
+
+    def num_params(self) -> int:
+        """Parameters DSparkDraftModel allocates for this config (the shared embedding and LM head excluded)."""
+        h, r, v, hd = self.hidden_size, self.markov_rank, self.vocab_size, self.head_dim
+        attn = h * hd * (2 * self.num_heads + 2 * self.num_kv_heads) + 2 * hd
+        layer = attn + 3 * h * self.intermediate_size + 2 * h
+        head = v * r + (v * r if self.head in ("markov", "rnn") else 0)
+        head += (2 * r + h) * 3 * r + 3 * r if self.head == "rnn" else 0
+        mask = h if self.mask_token_id is None else 0
+        return self.context_width * h + 2 * h + self.num_layers * layer + head + (h + r + 1) + mask
 
     @property
     def context_width(self) -> int:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dspark_core.atomic import atomic_write
+from dspark_core.drafters.draft_schema import check_engine_file, check_legacy_file
 from dspark_core.drafters.dspark import DraftConfig, DSparkDraftModel
 from dspark_core.errors import DSparkError
 
@@ -96,22 +97,45 @@ def engine_tensors(model: DSparkDraftModel) -> dict[str, torch.Tensor]:
     return out
 
 
-def expected_names(cfg: DraftConfig) -> set[str]:
-    """Every tensor a drafter of `cfg` must ship (both engines load an incomplete checkpoint without a word)."""
-    per_layer = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
-                 "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                 "self_attn.q_norm.weight", "self_attn.k_norm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-                 "mlp.down_proj.weight")
-    names = {f"layers.{i}.{n}" for i in range(cfg.num_layers) for n in per_layer}
-    names |= {"fc.weight", "hidden_norm.weight", "norm.weight", "markov_head.markov_w1.weight",
-              "markov_head.markov_w2.weight", "confidence_head.proj.weight", "confidence_head.proj.bias"}
+def engine_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a drafter of `cfg` must ship in the engines' layout, with its shape (both engines load an
+    incomplete checkpoint without a word)."""
+    h, hd, r, v, inter = cfg.hidden_size, cfg.head_dim, cfg.markov_rank, cfg.vocab_size, cfg.intermediate_size
+    nq, nkv = cfg.num_heads * hd, cfg.num_kv_heads * hd
+    out: dict[str, tuple[int, ...]] = {
+        "fc.weight": (h, cfg.context_width), "hidden_norm.weight": (h,), "norm.weight": (h,),
+        "markov_head.markov_w1.weight": (v, r), "markov_head.markov_w2.weight": (v, r),
+        "confidence_head.proj.weight": (1, h + r), "confidence_head.proj.bias": (1,)}
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}."
+        out |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (nq, h), p + "self_attn.k_proj.weight": (nkv, h),
+                p + "self_attn.v_proj.weight": (nkv, h), p + "self_attn.o_proj.weight": (h, nq),
+                p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
+                p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter)}
     if cfg.head == "rnn":
-        names |= {"markov_head.joint_proj.weight", "markov_head.joint_proj.bias"}
-    return names
+        out |= {"markov_head.joint_proj.weight": (3 * r, 2 * r + h), "markov_head.joint_proj.bias": (3 * r,)}
+    return out
+
+
+def expected_names(cfg: DraftConfig) -> set[str]:
+    """Every tensor a drafter of `cfg` must ship in the engines' layout."""
+    return set(engine_shapes(cfg))
+
+
+def own_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
+    """The state dict shapes of our module for `cfg` (the older dspark_config.json layout), built on the meta
+    device: nothing is allocated."""
+    with torch.device("meta"):
+        model = DSparkDraftModel(cfg, torch.nn.Embedding(1, 1), torch.nn.Linear(1, 1))
+    return {k: tuple(t.shape) for k, t in model.state_dict().items()}
 
 
 def config_from_engine(data: dict[str, Any], where: str) -> DraftConfig:
-    """Our DraftConfig from an engine-layout config.json (ours, or one of the same fields from elsewhere)."""
+    """Our DraftConfig from an engine-layout config.json (ours, or one of the same fields from elsewhere), typed and
+    bounded first (draft_schema.py)."""
+    check_engine_file(data, where)
     try:
         dflash = data.get("dflash_config") or {}
         ours = data.get("dspark_tune") or {}
@@ -196,36 +220,50 @@ def is_drafter(folder: str | Path) -> bool:
 
 def engine_layout_config(folder: Path) -> dict | None:
     """The config.json of a drafter in the engines' layout (ours with dflash_config, or DeepSpec's flat one with
-    architecture Qwen3DSparkModel), else None."""
+    architecture Qwen3DSparkModel), else None; one DSparkError line for a config.json that links out of the folder
+    or is not JSON."""
+    from dspark_core.modeling.arch import read_json_file
+    from dspark_core.modeling.weights import inside
+
     path = Path(folder) / ENGINE_CONFIG
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    if not path.is_file():
         return None
+    data = read_json_file(inside(Path(folder), path))
     if not isinstance(data, dict):
         return None
-    return data if "dflash_config" in data or "Qwen3DSparkModel" in (data.get("architectures") or []) else None
+    archs = data.get("architectures")
+    return data if "dflash_config" in data or (isinstance(archs, list) and ARCHITECTURE in archs) else None
 
 
 def read_drafter_config(folder: str | Path) -> DraftConfig:
-    """The architecture of the drafter in `folder` (either layout), without loading its weights."""
+    """The architecture of the drafter in `folder` (either layout), without loading its weights; typed and bounded
+    (draft_schema.py), one DSparkError line naming the file otherwise."""
+    from dspark_core.modeling.arch import read_json_file
+    from dspark_core.modeling.weights import inside
+
     p = Path(folder)
     engine = engine_layout_config(p)
-    if not (p / WEIGHTS_FILE).is_file() or (engine is None and not (p / CONFIG_FILE).is_file()):
+    legacy = p / CONFIG_FILE
+    if engine is None and not legacy.is_file() and (p / ENGINE_CONFIG).is_file():
+        check_engine_file(read_json_file(p / ENGINE_CONFIG), str(p / ENGINE_CONFIG))  # a list, or no markov_rank
+    if not (p / WEIGHTS_FILE).is_file() or (engine is None and not legacy.is_file()):
         raise DSparkError(f"no DSpark drafter at {p} (need config.json with dflash_config + {WEIGHTS_FILE}); "
                           "train one with `python cli.py train-drafter`")
     if engine is not None:
         return config_from_engine(engine, str(p / ENGINE_CONFIG))
+    checked = check_legacy_file(read_json_file(inside(p, legacy)), str(legacy))
     try:
-        return DraftConfig(**{"mask_token_id": None, **json.loads((p / CONFIG_FILE).read_text())})
-    except (json.JSONDecodeError, TypeError, ValueError) as e:
-        raise DSparkError(f"{p / CONFIG_FILE} is not a valid drafter config ({e}); retrain or fix it") from None
+        return DraftConfig(**{"mask_token_id": None, **checked.model_dump(exclude_unset=True)})
+    except (TypeError, ValueError) as e:
+        raise DSparkError(f"{legacy} is not a valid drafter config ({e}); retrain or fix it") from None
 
 
 def load_drafter(folder: str | Path, target: LeanModel) -> DSparkDraftModel:
     """Load a drafter (the engines' layout, or the older dspark_config.json one) and attach it to `target`
-    (same vocabulary and width)."""
-    from safetensors.torch import load_file
+    (same vocabulary and width). Its config is bounded, its weights file inside the folder, its header valid, its
+    shapes those of the config and its size within free memory, all before the drafter is allocated."""
+    from dspark_core.memory import ensure_fits
+    from dspark_core.modeling.weights import check_shapes, inside, load_tensors, read_header
 
     p = Path(folder)
     cfg = read_drafter_config(p)
@@ -235,8 +273,15 @@ def load_drafter(folder: str | Path, target: LeanModel) -> DSparkDraftModel:
             max(cfg.target_layers) >= arch.num_hidden_layers:
         raise DSparkError(f"drafter {p} was trained for another target (vocab {cfg.vocab_size}, width "
                           f"{cfg.hidden_size}, layers {cfg.target_layers}); train one for this target")
+    header = read_header(inside(p, p / WEIGHTS_FILE))
+    if engine is not None:
+        check_shapes([header], engine_shapes(cfg), p, "a DSpark drafter", strip="model.")
+    else:
+        check_shapes([header], own_shapes(cfg), p, "a DSpark drafter")
+    ensure_fits({"drafter weights": cfg.num_params() * 4, "drafter tensors while loading": header.data_bytes}, "cpu",
+                f"loading drafter {p}", "use a drafter with a smaller markov_rank or fewer layers, or free memory")
     model = DSparkDraftModel(cfg, target.embed, target.lm_head)
-    sd = load_file(str(p / WEIGHTS_FILE))
+    sd = load_tensors(header)
     if engine is not None:
         sd = state_from_engine(sd, cfg, str(p / WEIGHTS_FILE))
     missing, unexpected = model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
@@ -244,4 +289,3 @@ def load_drafter(folder: str | Path, target: LeanModel) -> DSparkDraftModel:
         raise DSparkError(f"drafter weights {p / WEIGHTS_FILE} do not match its config "
                           f"(missing {missing[:3]}, unexpected {unexpected[:3]}); retrain it")
     return model.to(device=target.device, dtype=target.dtype).eval()
-

@@ -19,7 +19,7 @@ import torch
 
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult
 from dspark_core.drafters.dspark import DSparkDraftModel
-from dspark_core.drafters.dspark_layout import is_drafter, load_drafter
+from dspark_core.drafters.dspark_layout import is_drafter, load_drafter, read_drafter_config
 from dspark_core.errors import DSparkError
 from dspark_core.verification.calibrate import StsCalibration
 
@@ -172,6 +172,8 @@ def drafter_folder(config: EngineConfig) -> Path:
                           "model id), or train one with `python cli.py train-drafter`")
     folder = checkpoint_folder(path)
     if not is_drafter(folder):
+        if (folder / "config.json").is_file():
+            read_drafter_config(folder)  # names what is wrong with the file (a JSON list, no markov_rank, ...)
         raise DSparkError(f"drafter.path {path} holds no DSpark drafter (config.json with dflash_config + "
                           "model.safetensors); train one with `python cli.py train-drafter`")
     return folder

@@ -51,18 +51,45 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     return getattr(torch, DTYPES[dtype])
 
 
-def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+def expected_shapes(arch: ArchConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor (Hugging Face name) a checkpoint of `arch` must hold, with the shape its config implies."""
+    h, hd, v, inter = arch.hidden_size, arch.head_dim, arch.vocab_size, arch.intermediate_size
+    nq, nkv = arch.num_attention_heads * hd, arch.num_key_value_heads * hd
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+    if not arch.tie_word_embeddings:
+        out["lm_head.weight"] = (v, h)
+    for i in range(arch.num_hidden_layers):
+        p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+        out |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                a + "q_proj.weight": (nq, h), a + "k_proj.weight": (nkv, h), a + "v_proj.weight": (nkv, h),
+                a + "o_proj.weight": (h, nq), p + "mlp.gate_proj.weight": (inter, h),
+                p + "mlp.up_proj.weight": (inter, h), p + "mlp.down_proj.weight": (h, inter)}
+        if arch.attention_bias:
+            out |= {a + "q_proj.bias": (nq,), a + "k_proj.bias": (nkv,), a + "v_proj.bias": (nkv,)}
+        if arch.qk_norm:
+            out |= {a + "q_norm.weight": (hd,), a + "k_norm.weight": (hd,)}
+    return out
 
-    index = folder / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else []
-    if not files:
-        files = sorted(p.name for p in folder.glob("*.safetensors"))
-    if not files:
-        raise DSparkError(f"no *.safetensors in {folder}; export the checkpoint in safetensors format")
+
+def _read_tensors(folder: Path, arch: ArchConfig, dev: str, dt: torch.dtype) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors, once every file is inside the folder, every header is valid, every shape matches
+    the config and the load fits in memory (dspark_core/memory.py); nothing is allocated before that."""
+    from dspark_core.memory import ensure_fits
+    from dspark_core.modeling.weights import check_shapes, load_tensors, read_header, weight_files
+
+    headers = [read_header(f) for f in weight_files(folder)]
+    check_shapes(headers, expected_shapes(arch), folder, f"a {arch.model_type} decoder")
+    weights = arch.num_params() * dt.itemsize
+    read = sum(h.data_bytes for h in headers)
+    fix = "use a smaller model or weights.dtype bf16, or free memory"
+    if dev == "cpu":
+        ensure_fits({"weights": weights, "checkpoint tensors while loading": read}, dev, f"loading {folder}", fix)
+    else:
+        ensure_fits({"weights": weights}, dev, f"loading {folder}", fix)
+        ensure_fits({"checkpoint tensors while loading": read}, "cpu", f"reading {folder}", fix)
     out: dict[str, torch.Tensor] = {}
-    for name in files:
-        out.update(load_file(str(folder / name)))
+    for h in headers:
+        out.update(load_tensors(h))
     return out
 
 
@@ -104,7 +131,7 @@ def load_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> L
     arch = ArchConfig.from_file(folder)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    sd = _read_tensors(folder)
+    sd = _read_tensors(folder, arch, dev, dt)
     with torch.device("meta"):
         model = LeanModel(arch)
     model = model.to_empty(device=dev)
@@ -128,7 +155,7 @@ def load_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> L
             gate, up = sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]
             mine[f"layers.{i}.gate_up.weight"] = torch.cat([gate, up])
             mine[f"layers.{i}.down.weight"] = sd[p + "mlp.down_proj.weight"]
-    except KeyError as e:
+    except KeyError as e:  # check_shapes names every expected tensor first; kept for a checkpoint edited meanwhile
         raise DSparkError(f"checkpoint {folder} lacks tensor {e}; is it a {arch.model_type} decoder?") from None
     missing = set(model.state_dict()) - set(mine)
     if missing:

@@ -28,10 +28,18 @@ class Tokenizer:
             from dspark_core.modeling.checkpoint import checkpoint_folder
 
             p = checkpoint_folder(folder)  # a cached Hugging Face model id
-        p = p / "tokenizer.json" if p.is_dir() else p
+        if p.is_dir():
+            from dspark_core.modeling.weights import inside
+
+            p = inside(p, p / "tokenizer.json")  # a link out of the checkpoint folder is refused, not followed
         if not p.is_file():
             raise DSparkError(f"no tokenizer.json at {p}; copy the checkpoint's tokenizer or set model.tokenizer")
-        tok = HFTokenizer.from_file(str(p))
+        try:
+            tok = HFTokenizer.from_file(str(p))
+        except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exception for a bad file
+            reason = " ".join(str(e).split())[:120]
+            raise DSparkError(f"{p} is not a tokenizer.json the tokenizers library reads ({reason}); copy the "
+                              "checkpoint's tokenizer.json") from None
         if not eos_ids:
             eid = tok.token_to_id(EOS_TOKEN)
             eos_ids = [eid] if eid is not None else []

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from dspark_core.atomic import atomic_write
 from dspark_core.drafters.dspark import DraftConfig, DSparkDraftModel
 from dspark_core.drafters.dspark_layout import save_drafter
+from dspark_core.errors import DSparkError
 
 if TYPE_CHECKING:
     from dspark_core.modeling.model import LeanModel
@@ -188,6 +189,20 @@ def _save_atomic(obj: object, path: Path) -> None:
     atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
+def load_state(path: Path) -> dict:
+    """A training state or data cache this tool wrote (tensors, numbers, dicts, TrainData), read without running
+    any code a hostile file could carry (torch's weights_only unpickler); anything else is one line."""
+    try:
+        with torch.serialization.safe_globals([TrainData]):
+            state = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as e:  # noqa: BLE001 - pickle and zip errors of every kind: the file is not ours
+        raise DSparkError(f"{path}: not a training state this tool wrote ({type(e).__name__}); delete it or pass "
+                          "--fresh / another --state-dir") from None
+    if not isinstance(state, dict):
+        raise DSparkError(f"{path}: not a training state this tool wrote; delete it or pass --fresh")
+    return state
+
+
 def build_model(cfg: TrainConfig, target: LeanModel) -> DSparkDraftModel:
     """A fresh drafter for `target` sized by `cfg`."""
     over: dict[str, object] = dict(head=cfg.head, block_size=cfg.block_size, num_layers=cfg.num_layers,
@@ -221,7 +236,7 @@ def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Pat
     gen = torch.Generator().manual_seed(cfg.seed)
     state_path = state_dir / STATE_FILE
     if state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
+        state = load_state(state_path)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         start = int(state["step"])

@@ -24,7 +24,7 @@ import torch
 
 from dspark_core.atomic import atomic_write, replace_dir
 from dspark_core.errors import DSparkError
-from dspark_core.training.train import set_lr
+from dspark_core.training.train import load_state, set_lr
 
 if TYPE_CHECKING:
     from dspark_core.modeling.model import LeanModel
@@ -102,7 +102,7 @@ def distill(student: LeanModel, data: TrainData, spec: ARSpec, state_dir: Path,
     start = 0
     state_path = state_dir / STATE_FILE
     if state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
+        state = load_state(state_path)
         student.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         gen.set_state(state["generator"])
