@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from sqlalchemy import select
 
 from kb.db import Database
@@ -26,7 +26,13 @@ HIST = ("ttft", "itl", "e2e")  # the latency histograms a sample carries
 
 
 class Sample(BaseModel):
-    """One scrape, cumulative since the server started (what the knowledge base stores)."""
+    """One scrape, cumulative since the server started (what the knowledge base stores).
+
+    Non-finite values (a Prometheus page may say NaN or +Inf, e.g. SGLang's acceptance gauge before any
+    speculative batch) are not measurements: they are dropped on the way in and counted in `non_finite`. A dropped
+    figure reads as absent: None for SGLang's gauges, 0 for a count, and an empty list or histogram when one of its
+    values was not finite (a partial list would shift positions, a partial histogram skew quantiles). So no sample
+    ever holds NaN or Infinity: PostgreSQL's JSON type refuses them, and windows stay finite."""
 
     t: float  # unix seconds of the scrape
     kind: Kind
@@ -48,11 +54,41 @@ class Sample(BaseModel):
     ttft: dict[str, float] = Field(default_factory=dict)  # histogram: upper bound -> cumulative count
     itl: dict[str, float] = Field(default_factory=dict)
     e2e: dict[str, float] = Field(default_factory=dict)
+    non_finite: int = 0  # values dropped because they were NaN or infinite
+
+    @model_validator(mode="before")
+    @classmethod
+    def _finite_only(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        out, dropped = {}, 0
+        for key, value in data.items():
+            if _non_finite(value) or isinstance(value, (list, dict)) and any(
+                    _non_finite(v) for v in (value.values() if isinstance(value, dict) else value)):
+                dropped += 1
+                continue
+            out[key] = value
+        if dropped:
+            out["non_finite"] = int(out.get("non_finite") or 0) + dropped
+        return out
+
+
+def _non_finite(v: Any) -> bool:
+    return isinstance(v, float) and not math.isfinite(v)
+
+
+def _bound(le: str) -> float | None:
+    """A bucket's upper bound, or None when its label is not a number (NaN included)."""
+    try:
+        v = math.inf if le == "+Inf" else float(le)
+    except ValueError:
+        return None
+    return None if math.isnan(v) else v
 
 
 def _quantile(a: dict[str, float], b: dict[str, float], q: float) -> float | None:
     """The q-quantile (seconds) of the observations between two cumulative histograms, linear in a bucket."""
-    bounds = sorted(((math.inf if k == "+Inf" else float(k)), b.get(k, 0.0) - a.get(k, 0.0)) for k in b)
+    bounds = sorted((_bound(k), b.get(k, 0.0) - a.get(k, 0.0)) for k in b if _bound(k) is not None)
     total = bounds[-1][1] if bounds else 0.0
     if total <= 0:
         return None

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
-import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
+from dspark_core.safe_yaml import load_yaml
+from dspark_core.userfiles import RULE_FILE_BYTES, RULES_DIR_BYTES, UserFileError, mib, read_capped
 from kb.errors import RuleError
 from kb.rules import Rule
 
@@ -28,66 +29,51 @@ class LoadedRule:
         return self.rule.id
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a mapping with the same key twice (PyYAML keeps the last silently)."""
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            dup = key in seen
-        except TypeError:
-            raise yaml.constructor.ConstructorError(None, None, "unhashable mapping key", key_node.start_mark) from None
-        if dup:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-# YAML 1.2 floats such as 14.0e9 or 1e-3 (PyYAML's 1.1 resolver reads them as strings).
-_UniqueKeyLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
+MAX_RULE_FILES = 256  # *.yaml / *.yml files in one rules folder (the shipped catalogue has 11)
+MAX_RULES = 2000  # rules in one folder (the shipped catalogue has ~200; lint compares rules pairwise)
+MAX_MESSAGE = 300  # characters of a rule's error message (a value quoted in it may be huge)
 
 
 def rules_dir(path: str | os.PathLike[str] | None = None) -> Path:
     """The rules folder: the argument, else $DSPARK_RULES, else the shipped rules/."""
     chosen = Path(path or os.environ.get("DSPARK_RULES") or DEFAULT_RULES_DIR)
     if not chosen.is_dir():
-        raise RuleError(f"rules folder {chosen} does not exist; pass --rules DIR or set DSPARK_RULES")
+        what = "is not a folder" if chosen.exists() else "does not exist"
+        raise RuleError(f"rules folder {chosen} {what}; pass --rules DIR or set DSPARK_RULES")
     return chosen
+
+
+def _short(msg: str) -> str:
+    msg = " ".join(msg.split())
+    return msg if len(msg) <= MAX_MESSAGE else msg[: MAX_MESSAGE - 3] + "..."
 
 
 def _explain(err: ValidationError) -> str:
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"] if not (isinstance(p, str) and p in ("leaf", "all", "any",
                                                                                       "not")))
-    msg = first["msg"].removeprefix("Value error, ")
+    msg = _short(first["msg"].removeprefix("Value error, "))
     return f"{loc}: {msg}" if loc else msg
 
 
-def parse_file(path: Path, rel: str) -> tuple[list[LoadedRule], list[RuleError]]:
-    """Rules of one file and the errors found in it (all of them, not only the first)."""
+def parse_file(path: Path, rel: str, max_rules: int = MAX_RULES) -> tuple[list[LoadedRule], list[RuleError]]:
+    """Rules of one file and the errors found in it (all of them, not only the first). The file is read bounded
+    (a regular file of at most 1 MiB; YAML nesting, aliases and expanded size capped: dspark_core/safe_yaml.py);
+    one over a cap is one error, its rules unread. A file of more than `max_rules` rules is one error too."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        return [], [RuleError(f"cannot read: {e}", rel)]
-    try:
-        root = yaml.compose(text, Loader=_UniqueKeyLoader)
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        return [], [RuleError(f"malformed YAML: {problem}; fix the syntax", rel, mark.line + 1 if mark else None)]
+        text = read_capped(path, RULE_FILE_BYTES, "a rule file").decode("utf-8")
+        data, root = load_yaml(text, rel)
+    except UnicodeDecodeError as e:
+        return [], [RuleError(f"not UTF-8 text (byte {e.start + 1}); save the file as UTF-8", rel)]
+    except UserFileError as e:
+        return [], [RuleError(e.reason, rel, e.line)]
     if data is None:
         return [], []
     if not isinstance(data, list) or not isinstance(root, yaml.SequenceNode):
         return [], [RuleError("a rule file is a YAML list of rules (each item starts with '- id: ...')", rel, 1)]
+    if len(data) > max_rules:
+        return [], [RuleError(f"{len(data)} rules here take the folder past its cap of {MAX_RULES} rules; split the "
+                              "catalogue into folders", rel, 1)]
     loaded, errors = [], []
     for item, node in zip(data, root.value, strict=True):
         line = node.start_mark.line + 1
@@ -100,16 +86,51 @@ def parse_file(path: Path, rel: str) -> tuple[list[LoadedRule], list[RuleError]]
         except ValidationError as e:
             errors.append(RuleError(_explain(e), rel, line, rid))
         except (RecursionError, TypeError, ValueError) as e:
-            errors.append(RuleError(f"invalid rule: {e}", rel, line, rid))
+            errors.append(RuleError(_short(f"invalid rule: {e}"), rel, line, rid))
     return loaded, errors
 
 
+def rule_files(directory: Path) -> tuple[list[Path], list[RuleError]]:
+    """The folder's *.yaml then *.yml entries (sorted) that are regular files (symlinks followed), and one error per
+    entry that is not (a FIFO, device or folder named *.yaml is never opened). More than MAX_RULE_FILES files, or
+    more than RULES_DIR_BYTES of them together, is one RuleError for the whole folder, raised before any is read."""
+    entries: list[os.DirEntry[str]] = []
+    try:
+        with os.scandir(directory) as it:
+            for entry in it:
+                if entry.name.endswith((".yaml", ".yml")):
+                    entries.append(entry)
+                    if len(entries) > MAX_RULE_FILES:
+                        raise RuleError(f"rules folder {directory} has more than {MAX_RULE_FILES} rule files; keep "
+                                        "one file per category")
+    except OSError as e:
+        raise RuleError(f"rules folder {directory}: cannot list it ({e.strerror}); check its permissions") from None
+    files, errors, total = [], [], 0
+    for entry in sorted(entries, key=lambda e: (e.name.endswith(".yml"), e.name)):
+        try:
+            st = os.stat(entry.path)
+        except OSError as e:
+            errors.append(RuleError(f"cannot read ({e.strerror}); fix or remove it", entry.name))
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            errors.append(RuleError("not a regular file (a folder, FIFO or device named like a rule file); remove "
+                                    "or rename it", entry.name))
+            continue
+        total += st.st_size
+        files.append(Path(entry.path))
+    if total > RULES_DIR_BYTES:
+        raise RuleError(f"rules folder {directory} holds {mib(total)} of rule files, over the {mib(RULES_DIR_BYTES)} "
+                        "cap; keep only rule files there (the shipped catalogue is ~0.2 MiB)")
+    return files, errors
+
+
 def load_all(directory: Path) -> tuple[list[LoadedRule], list[RuleError]]:
-    """Every rule under ``directory`` plus every error, duplicate ids included."""
+    """Every rule under ``directory`` plus every error, duplicate ids included; a folder over the file or byte caps
+    is one RuleError, a file that takes it past MAX_RULES rules is one error."""
+    files, errors = rule_files(directory)
     loaded: list[LoadedRule] = []
-    errors: list[RuleError] = []
-    for path in sorted(directory.glob("*.yaml")) + sorted(directory.glob("*.yml")):
-        rules, errs = parse_file(path, path.name)
+    for path in files:
+        rules, errs = parse_file(path, path.name, MAX_RULES - len(loaded))
         loaded += rules
         errors += errs
     first: dict[str, LoadedRule] = {}

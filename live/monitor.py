@@ -6,9 +6,9 @@ the tolerance (relative; acceptance by the mean absolute difference over positio
 
 from __future__ import annotations
 
-import json
+import http.client
+import math
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,12 +17,17 @@ from typing import Any
 
 from kb.deployments import Sample
 from live.scrape import parse
+from live.urls import server_url
 from profiler.errors import ProfileError
+
+MAX_PAGE_BYTES = 32 << 20  # of one /metrics page (a busy vLLM page is well under 1 MiB)
+MAX_PROVENANCE_BYTES = 16 << 20  # of a bundle's provenance.json
 
 
 def metrics_url(url: str) -> str:
     """The /metrics address of a server given as its base, its /v1 or its /metrics URL."""
     u = url.rstrip("/")
+    server_url(u)  # one line for a bad address ('not a url', a bad port), before any connection
     if u.endswith("/metrics"):
         return u
     u = u.removesuffix("/v1")
@@ -30,34 +35,71 @@ def metrics_url(url: str) -> str:
 
 
 def scrape(url: str, timeout_s: float = 10.0) -> Sample:
+    """One /metrics page as a Sample; an unreachable server, a page over MAX_PAGE_BYTES or a page that is not
+    Prometheus text is one ProfileError line (what `watch` skips after its first scrape)."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            text = r.read().decode(errors="replace")
-    except (OSError, urllib.error.URLError) as e:
+            data = r.read(MAX_PAGE_BYTES + 1)
+    except (OSError, ValueError, http.client.HTTPException) as e:  # URLError is an OSError; InvalidURL a ValueError
         raise ProfileError(f"cannot scrape {url} ({getattr(e, 'reason', e)}); is the server up and does it "
                            "export Prometheus metrics?") from None
+    if len(data) > MAX_PAGE_BYTES:
+        raise ProfileError(f"{url}: the metrics page is over {MAX_PAGE_BYTES >> 20} MiB; is this a Prometheus "
+                           "/metrics page?")
     try:
-        return parse(text, time.time())
+        return parse(data.decode(errors="replace"), time.time())
     except ValueError as e:
-        raise ProfileError(f"{url} is not a Prometheus metrics page ({e})") from None
+        raise ProfileError(f"{url} is not a Prometheus metrics page ({str(e)[:200]})") from None
 
 
 def predictions(bundle: Path) -> dict[str, Any]:
-    """What the bundle's tuning predicted (provenance.json); one line when the folder is not a bundle."""
+    """What the bundle's tuning predicted (provenance.json, read bounded); one line when the folder is not a bundle.
+    A figure that is not a finite number (NaN, Infinity, text) is left out: there is nothing to compare it with,
+    and PostgreSQL's JSON, where the predictions are stored, refuses NaN."""
+    from dspark_core.errors import DSparkError
+    from dspark_core.jsonl import parse_line
+    from dspark_core.userfiles import read_capped
+
     prov = bundle / "provenance.json"
     try:
-        data = json.loads(prov.read_text())
-    except (OSError, ValueError) as e:
+        data = parse_line(read_capped(prov, MAX_PROVENANCE_BYTES, "a provenance.json"), prov, None, allow_nan=True)
+    except DSparkError as e:
         raise ProfileError(f"--bundle {bundle}: no readable provenance.json ({e}); point it at the folder "
                            "`tune` exported") from None
-    m, acc = data.get("metrics") or {}, data.get("predicted_acceptance") or {}
-    params = data.get("params") or {}
-    out = {"tau": m.get("tau"), "tpot_p99_ms": m.get("tpot_p99_ms"), "ttft_p99_ms": m.get("ttft_p99_ms"),
-           "throughput_per_gpu": m.get("throughput"), "tp": params.get("parallel.tp", 1),
-           "position_acceptance": acc.get("position_acceptance"), "head": acc.get("head") or params.get("spec.head"),
-           "gamma": acc.get("gamma") or params.get("spec.block_size"), "study": data.get("study"),
-           "cost_source": data.get("cost_source")}
+    if not isinstance(data, dict):
+        raise ProfileError(f"--bundle {bundle}: provenance.json is not a JSON object; point it at the folder "
+                           "`tune` exported")
+    m, acc, params = (_obj(data.get(k)) for k in ("metrics", "predicted_acceptance", "params"))
+    out = {"tau": _num(m.get("tau")), "tpot_p99_ms": _num(m.get("tpot_p99_ms")),
+           "ttft_p99_ms": _num(m.get("ttft_p99_ms")), "throughput_per_gpu": _num(m.get("throughput")),
+           "tp": _num(params.get("parallel.tp", 1)), "position_acceptance": _nums(acc.get("position_acceptance")),
+           "head": _str(acc.get("head") or params.get("spec.head")),
+           "gamma": _num(acc.get("gamma") or params.get("spec.block_size")), "study": _str(data.get("study")),
+           "cost_source": _str(data.get("cost_source"))}
     return {k: v for k, v in out.items() if v is not None}
+
+
+def _obj(x: Any) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
+
+
+def _num(x: Any) -> float | int | None:
+    """A finite number (one a float can hold), else None."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    try:
+        return x if math.isfinite(float(x)) else None
+    except OverflowError:  # an integer past 1e308
+        return None
+
+
+def _nums(x: Any) -> list[float] | None:
+    """A non-empty list of finite numbers, else None."""
+    return x if isinstance(x, list) and x and all(_num(v) is not None for v in x) else None
+
+
+def _str(x: Any) -> str | None:
+    return x if isinstance(x, str) else None
 
 
 @dataclass
@@ -90,18 +132,20 @@ def compare(win: dict[str, Any], pred: dict[str, Any], tolerance: float) -> list
 
 
 def watch(url: str, interval_s: float, samples: int | None, duration_s: float | None,
-          on_sample: Callable[[Sample], None], sleep: Callable[[float], None] = time.sleep) -> int:
+          on_sample: Callable[[Sample], None], sleep: Callable[[float], None] = time.sleep,
+          first_done: bool = False) -> int:
     """Scrape every `interval_s` until `samples` scrapes or `duration_s` seconds (Ctrl-C stops it too); returns
-    the number of scrapes. A scrape that fails after the first is skipped, not fatal: the server may restart."""
+    the number of scrapes. A scrape that fails after the first is skipped, not fatal: the server may restart
+    (`first_done`: the caller has scraped once already, so every failure is skipped)."""
     start, n = time.monotonic(), 0
     try:
-        while True:
+        while samples is None or n < samples:
             t = time.monotonic()
             try:
                 on_sample(scrape(url))
                 n += 1
             except ProfileError:
-                if n == 0:
+                if n == 0 and not first_done:
                     raise
             if samples is not None and n >= samples:
                 return n
@@ -110,3 +154,4 @@ def watch(url: str, interval_s: float, samples: int | None, duration_s: float | 
             sleep(max(0.0, interval_s - (time.monotonic() - t)))
     except KeyboardInterrupt:
         return n
+    return n

@@ -11,6 +11,8 @@ from typing import Any
 
 from kb.deployments import HIST, Kind, Sample
 
+MAX_POSITIONS = 64  # draft positions kept per sample (blocks are <= 16 in practice; a label of 10**9 is not one)
+
 NAMES: dict[str, dict[str, str]] = {  # sample field -> metric family name (without _total), per server family
     "vllm": {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
              "prompt_tokens": "vllm:prompt_tokens", "generation_tokens": "vllm:generation_tokens",
@@ -29,8 +31,17 @@ NAMES: dict[str, dict[str, str]] = {  # sample field -> metric family name (with
 }
 
 
+def _bound(le: str | None) -> bool:
+    """Whether a histogram bucket's `le` label is a bound: a number or +Inf (not NaN, not text)."""
+    try:
+        return le is not None and float(le) == float(le)
+    except ValueError:
+        return False
+
+
 def parse(text: str, t: float) -> Sample:
-    """A /metrics page -> Sample; which family it is comes from its names."""
+    """A /metrics page -> Sample; which family it is comes from its names. NaN / infinite values are dropped and
+    counted by Sample itself (kb.deployments); a malformed page is a ValueError."""
     from prometheus_client.parser import text_string_to_metric_families
 
     values: dict[str, float] = {}
@@ -43,15 +54,18 @@ def parse(text: str, t: float) -> Sample:
             if s.name.endswith("_created"):
                 continue
             if s.name.endswith("_bucket"):
-                h = hist.setdefault(s.name[: -len("_bucket")], {})
-                h[s.labels["le"]] = h.get(s.labels["le"], 0.0) + s.value
+                le = s.labels.get("le")
+                if _bound(le):  # a bucket without a numeric bound is not one
+                    h = hist.setdefault(s.name[: -len("_bucket")], {})
+                    h[le] = h.get(le, 0.0) + s.value
                 continue
             base = s.name.removesuffix("_total")
             if base == "dspark:engine_info":
                 engine = {k: v for k, v in s.labels.items() if k not in ("model_name", "engine")}
             if base.endswith("_per_pos"):
                 p, table = int(s.labels.get("position", -1)), pos if "accepted" in base else tried
-                table[p] = table.get(p, 0.0) + s.value
+                if 0 <= p < MAX_POSITIONS:
+                    table[p] = table.get(p, 0.0) + s.value
             values[base] = values.get(base, 0.0) + s.value
     prefixes = {k.split(":", 1)[0] for k in values}
     kind: Kind = "dspark" if "dspark" in prefixes else "vllm" if "vllm" in prefixes else "sglang"

@@ -47,13 +47,14 @@ def _lengths(xs: list[float]) -> Lengths:
 
 
 def read_requests(path: str | os.PathLike[str]) -> list[Request]:
-    """Parse and validate a JSONL workload file; any problem is one ProfileError line."""
+    """Parse and validate a JSONL workload file; any problem is one ProfileError line (a folder, FIFO or device
+    is refused unopened, caps in dspark_core/userfiles.py)."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ProfileError(f"workload file not found: {p} (give a JSONL file or one of: "
                            f"{', '.join(workload_presets())})")
-    from dspark_core.cli.prompts import read_jsonl
     from dspark_core.errors import DSparkError
+    from dspark_core.jsonl import read_jsonl  # bounded: a regular file, lines <= 4 MiB, nesting <= 64
 
     out: list[Request] = []
     try:
@@ -212,25 +213,31 @@ def runnable_model() -> Path | None:
 
 
 def measure_entropy(model_dir: Path, prompts: list[str], max_tokens: int = 256) -> Entropy:
-    """Mean and p90 next-token entropy (nats) of the target over the prompts' tokens, teacher-forced."""
+    """Mean and p90 next-token entropy (nats) of the target over the prompts' tokens, teacher-forced. The model runs
+    in the bundled engine's lean runner (fp32), which loads in a fraction of the time transformers' import takes."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # our own progress bar owns stderr
+    from dspark_core.errors import DSparkError
+    from dspark_core.modeling.checkpoint import load_model
 
     encode = tokenizer_of(model_dir)  # a bare tokenizer.json first: no transformers tokenizer class needed
     if encode is None:
+        from transformers import AutoTokenizer
+
         hf_tok = AutoTokenizer.from_pretrained(str(model_dir))
         encode = lambda text: hf_tok(text).input_ids  # noqa: E731
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    try:
+        model = load_model(model_dir, "cpu", "fp32")
+    except DSparkError as e:
+        raise ValueError(str(e)) from None
     ents: list[float] = []
     with torch.inference_mode():
         for text in prompts:
             ids = torch.tensor([encode(text)[:max_tokens]], dtype=torch.long)  # [1, T]
             if ids.shape[1] < 2:
                 continue
-            logits = model(input_ids=ids).logits[0, :-1].float()  # [T-1, V]
+            cache = model.new_cache(1, ids.shape[1])
+            logits = model(ids, cache, [0]).logits[0, :-1].float()  # [T-1, V]
             logp = torch.log_softmax(logits, dim=-1)
             ents.extend((-(logp.exp() * logp).sum(-1)).tolist())
     if not ents:

@@ -94,13 +94,15 @@ def bench_cmd(
     json_out: JsonFlag = False,
 ) -> None:
     """Compare generation methods on the same prompts: tokens/s, speedup, tau, acceptance, losslessness."""
+    from dspark_core.cli.prompts import load_prompts
+
+    records = load_prompts(prompts, limit)  # a bad file is one line before torch loads
     import torch
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
     from dspark_core.cli.bench import BenchSpec, build_methods, device_name, report, run_bench
-    from dspark_core.cli.prompts import load_prompts
     from dspark_core.modeling.checkpoint import load_model
     from dspark_core.modeling.tokenizer import Tokenizer
     from dspark_core.verification.sampling import SamplingParams
@@ -111,7 +113,6 @@ def bench_cmd(
     names = [m.strip() for m in methods.split(",") if m.strip()]
     if not names:
         raise DSparkError("--methods is empty; name at least one method, e.g. plain,ar_draft")
-    records = load_prompts(prompts, limit)
     target = load_model(cfg.model.path, cfg.device, cfg.weights.dtype)
     tok = Tokenizer.load(cfg.model.tokenizer or cfg.model.path, target.arch.eos_ids)
     ids = [tok.encode(r.prompt)[-max_prompt_tokens:] for r in records]
@@ -168,17 +169,18 @@ def generate_cmd(
     json_out: JsonFlag = False,
 ) -> None:
     """Run the engine on prompts with a dspark.yaml and print the outputs and stats."""
-    import torch
-    from rich.console import Console
-
     from dspark_core.cli.prompts import load_prompts
-    from dspark_core.engine import Engine
 
     texts = list(prompt or [])
     if prompts:
-        texts += [r.prompt for r in load_prompts(prompts)]
+        texts += [r.prompt for r in load_prompts(prompts)]  # a bad file is one line before torch loads
     if not texts:
         raise DSparkError("no prompts; pass --prompt TEXT or --prompts FILE.jsonl")
+    import torch
+    from rich.console import Console
+
+    from dspark_core.engine import Engine
+
     if threads:
         torch.set_num_threads(threads)
     cfg = _config(config, model)

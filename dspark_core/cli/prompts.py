@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dspark_core.errors import DSparkError
+from dspark_core.jsonl import read_jsonl as _read_jsonl
 
 
 class PromptRecord(BaseModel):
@@ -18,36 +18,22 @@ class PromptRecord(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     prompt: str = Field(min_length=1)  # the request text
-    output_len: int | None = Field(None, ge=1)  # tokens to generate (bench uses --max-new-tokens)
+    output_len: int | None = Field(None, ge=1, le=1_048_576)  # tokens to generate (bench uses --max-new-tokens)
     domain: str | None = None  # chat | code | math | mixed
-    arrival_s: float | None = Field(None, ge=0.0)  # arrival time for workload replays
+    arrival_s: float | None = Field(None, ge=0.0, allow_inf_nan=False)  # arrival time for workload replays
 
 
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed object) of every non-blank line of a JSONL file; a line that is not UTF-8 or not
-    JSON is one DSparkError naming the file and the line."""
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise DSparkError(f"cannot read {p} ({e.strerror}); pass a readable JSONL file") from None
-    for n, raw in enumerate(data.splitlines(), start=1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DSparkError(f"{p}:{n}: not UTF-8 text (byte {e.start + 1}); save the file as UTF-8") from None
-        if not line.strip():
-            continue
-        try:
-            yield n, json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DSparkError(f"{p}:{n}: not valid JSON ({e.msg}); each line must be one JSON object") from None
+    """(line number, parsed object) of every non-blank line of a JSONL file, through the bounded reader
+    (dspark_core/jsonl.py: a regular file, lines <= 4 MiB, nesting <= 64 levels); any bad line is one DSparkError
+    naming the file and the line."""
+    return _read_jsonl(path)
 
 
 def load_prompts(path: str | Path, limit: int | None = None) -> list[PromptRecord]:
     """Read a JSONL prompt file; one-line DSparkError naming the file and line for any bad line."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise DSparkError(f"prompt file {p} not found; pass a JSONL file with one {{\"prompt\": ...}} per line")
     records: list[PromptRecord] = []
     for n, obj in read_jsonl(p):

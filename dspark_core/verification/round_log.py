@@ -101,24 +101,28 @@ class RoundLog:
 
 
 def read_log(path: str | Path) -> tuple[LogHeader, list[RoundRecord]]:
-    """Header and rounds of one log; one clear error naming the file and line on bad input."""
+    """Header and rounds of one log; one clear error naming the file and line on bad input (read through the
+    bounded JSONL reader: a regular file, capped line and file sizes and nesting; NaN as the engine writes it)."""
+    from dspark_core.jsonl import parse_line
+    from dspark_core.userfiles import JSONL_FILE_BYTES, JSONL_LINE_BYTES, iter_lines
+
     p = Path(path)
     if not p.is_file():
         raise DSparkError(f"round log {p} not found; set spec.round_log in the engine config of a run (bench "
                           "--config, serve --config) to write one")
-    lines = p.read_text(encoding="utf-8").splitlines()
-    if not lines:
-        raise DSparkError(f"round log {p} is empty")
-    try:
-        header = LogHeader.model_validate(json.loads(lines[0]))
-    except (ValidationError, json.JSONDecodeError, TypeError) as e:
-        raise DSparkError(f"{p}:1 is not a round-log header ({str(e).splitlines()[0]})") from None
-    rounds = []
-    for i, line in enumerate(lines[1:], start=2):
-        if not line.strip():
+    header, rounds = None, []
+    for i, raw in iter_lines(p, JSONL_LINE_BYTES, JSONL_FILE_BYTES, "a round log"):
+        if not raw.strip():
             continue
+        value = parse_line(raw, p, i, allow_nan=True)
         try:
-            rounds.append(RoundRecord.model_validate(json.loads(line)))
-        except (ValidationError, json.JSONDecodeError, TypeError) as e:
-            raise DSparkError(f"{p}:{i} is not a round record ({str(e).splitlines()[0]})") from None
+            if header is None:
+                header = LogHeader.model_validate(value)
+            else:
+                rounds.append(RoundRecord.model_validate(value))
+        except (ValidationError, TypeError) as e:
+            what = "a round-log header" if header is None else "a round record"
+            raise DSparkError(f"{p}:{i} is not {what} ({str(e).splitlines()[0]})") from None
+    if header is None:
+        raise DSparkError(f"round log {p} is empty")
     return header, rounds

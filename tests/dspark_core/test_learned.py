@@ -108,7 +108,7 @@ def test_bad_logs_are_one_line_each(tmp_path) -> None:
         read_log(bad)
     _synthetic_log(bad, 2, seed=0)
     bad.write_text(bad.read_text() + "{not json}\n")
-    with pytest.raises(DSparkError, match=r"bad.jsonl:4 is not a round record"):
+    with pytest.raises(DSparkError, match=r"bad.jsonl:4: not valid JSON"):
         read_log(bad)
 
 
