@@ -77,6 +77,12 @@ def register(app: typer.Typer) -> None:
 
         p = _build_with_progress(model, gpu, workload, measure, entropy, quiet=json_out, quality=quality,
                                  gpus=gpus, traffic=Traffic(concurrency, slo_ttft_ms, slo_tpot_ms), drafter=drafter)
+        from profiler.line_safe import profile_problem  # values the launch scripts carry: one line each
+
+        if (why := profile_problem(p)) is not None:
+            from profiler.errors import ProfileError
+
+            raise ProfileError(why)
         if from_monitor:
             from kb.db import open_db
             from kb.deployments import monitored_acceptance

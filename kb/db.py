@@ -2,7 +2,8 @@
 
 Default: a SQLite file in the user's data directory (WAL mode). `--db URL` / $DSPARK_DB select
 another, e.g. ``postgresql+psycopg://user@host/db``. Alembic owns the schema: a new database is
-created at head, an older one is upgraded, a newer one is refused.
+created at head, an older one is upgraded, a newer one is refused, another application's is refused untouched
+(kb/db_owner.py). A database that fails in use (disk full, server gone) is one KBError line.
 """
 
 from __future__ import annotations
@@ -15,13 +16,21 @@ from functools import cache
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event, inspect, text
-from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DatabaseError,
+    IntegrityError,
+    InterfaceError,
+    NoSuchModuleError,
+    OperationalError,
+    ProgrammingError,
+)
 from sqlalchemy.orm import Session, sessionmaker
 
+from kb.db_owner import VERSION_TABLE  # noqa: F401 - re-exported (kb/migrations/env.py)
 from kb.errors import KBError
 
 MIGRATIONS = Path(__file__).parent / "migrations"
-VERSION_TABLE = "kb_schema_version"  # our Alembic version table; Optuna's storage owns `alembic_version`
 
 
 def default_url() -> str:
@@ -70,13 +79,22 @@ class Database:
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        """One transaction: committed on success, rolled back on any error (nothing half-applied)."""
+        """One transaction: committed on success, rolled back on any error (nothing half-applied). On SQLite it
+        takes the write lock when it begins, so two processes' read-then-write transactions (two tuners syncing the
+        rules into a new database) run one after the other instead of both inserting. The database failing (disk
+        full, server gone) is one KBError line."""
         with self.sessions() as s:
             try:
+                if self.url.startswith("sqlite"):
+                    s.connection().exec_driver_sql("BEGIN IMMEDIATE")  # pysqlite would begin at the first write
                 yield s
                 s.commit()
+            except (OperationalError, InterfaceError) as e:
+                _rollback(s)
+                raise KBError(f"database {_redact(self.url)} failed: {_reason(e)}; {_hint(self.url, _reason(e))}"
+                              ) from None
             except BaseException:
-                s.rollback()
+                _rollback(s)
                 raise
 
     def revision(self) -> str | None:
@@ -95,14 +113,70 @@ class Database:
             raise KBError(f"database {_redact(self.url)} has schema revision {before!r}, newer than this "
                           f"dspark-tune knows (head {head!r}); upgrade dspark-tune or use another --db")
         if before != head:
-            with self.engine.begin() as conn:
-                cfg = _alembic_config()
-                cfg.attributes["connection"] = conn
-                command.upgrade(cfg, "head")
+            try:
+                with self.engine.begin() as conn:
+                    cfg = _alembic_config()
+                    cfg.attributes["connection"] = conn
+                    command.upgrade(cfg, "head")
+            except (OperationalError, ProgrammingError, IntegrityError):
+                if not self._migrated_by_another(head):
+                    raise
         return before, head
+
+    def _migrated_by_another(self, head: str, wait_s: float = 10.0) -> bool:
+        """Whether another process brought the database to `head` (two tuners opening a new database at once both
+        migrate it, and the later one's CREATE TABLE fails): waits for the other's migration to commit."""
+        import time
+
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                if self.revision() == head:
+                    return True
+            except (OperationalError, ProgrammingError):
+                pass
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _rollback(s: Session) -> None:
+    try:
+        s.rollback()
+    except (OperationalError, InterfaceError):  # the connection is gone: nothing to roll back
+        pass
+
+
+def _reason(e: BaseException) -> str:
+    text = str(getattr(e, "orig", e)).strip()
+    return " ".join(text.splitlines()[0].split()) if text else type(e).__name__
+
+
+def _hint(url: str, reason: str) -> str:
+    """What to do about a database failure, by what the database said."""
+    low = reason.lower()
+    if "full" in low or "too large" in low or "no space" in low:
+        return "free space on the database's disk, then run the command again"
+    if url.startswith("sqlite"):
+        if "not a database" in low:
+            return "the file is not a valid SQLite database (corrupted?): move it away or pass another --db"
+        return "check the file and its folder, or pass another --db"
+    return "check that the server is running and the URL is right"
+
+
+def _refuse_foreign(engine: Engine, shown: str) -> None:
+    """One KBError line, before anything is written, when the database is another application's (kb/db_owner.py)."""
+    from kb.db_owner import foreign_tables
+
+    foreign = foreign_tables(engine)
+    if foreign:
+        listed = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise KBError(f"database {shown} holds tables dspark-tune did not create ({listed}) and no {VERSION_TABLE}: "
+                      "it belongs to another application and was left untouched; pass --db with a new file or an "
+                      "empty database")
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
@@ -148,8 +222,7 @@ def open_db(url: str | None = None, migrate: bool = True) -> Database:
                 except OSError as e:
                     raise KBError(f"cannot create the folder for {shown}: {e.strerror}; pass --db with a "
                                   "writable path") from None
-            engine = create_engine(url, connect_args={"timeout": 30})
-            event.listen(engine, "connect", _sqlite_pragmas)
+            engine = create_engine(url, connect_args={"timeout": 30})  # pragmas after the ownership check
         else:
             engine = create_engine(url, pool_pre_ping=True)
     except (ArgumentError, NoSuchModuleError) as e:
@@ -160,6 +233,10 @@ def open_db(url: str | None = None, migrate: bool = True) -> Database:
                       "'dspark-tune[postgres]' for PostgreSQL") from None
     db = Database(url, engine, sessionmaker(engine, expire_on_commit=False))
     try:
+        _refuse_foreign(engine, shown)
+        if url.startswith("sqlite"):
+            engine.dispose()  # the check's connection predates the pragmas
+            event.listen(engine, "connect", _sqlite_pragmas)
         if migrate:
             db.migrate()
         else:
@@ -171,9 +248,6 @@ def open_db(url: str | None = None, migrate: bool = True) -> Database:
         raise
     except (OperationalError, DatabaseError) as e:
         engine.dispose()
-        reason = str(getattr(e, "orig", e)).strip().splitlines()[0] if str(getattr(e, "orig", e)).strip() else ""
-        hint = ("the file is not a valid SQLite database (corrupted?): move it away or pass another --db"
-                if url.startswith("sqlite") and "not a database" in reason
-                else "check that the server is running and the URL is right")
-        raise KBError(f"cannot use database {shown}: {reason}; {hint}") from None
+        reason = _reason(e)
+        raise KBError(f"cannot use database {shown}: {reason}; {_hint(url, reason)}") from None
     return db

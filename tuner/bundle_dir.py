@@ -8,11 +8,15 @@ goes where the link points, and the link stays.
 A new folder is staged beside its final path and renamed into place (all or nothing). An existing one is
 staged inside itself (same file system) and each bundle file is then renamed over its old version; files of
 the previous bundle that the new one no longer has are removed, files the marker does not list are never
-touched, and a name the user owns is refused before anything moves.
+touched, and a name the user owns is refused before anything moves. The marker itself is never trusted: a name
+that is not a plain file name directly inside the bundle, or a link out of it, is refused before anything is
+touched (tuner/bundle_marker.py). A path the file system refuses (a link loop, a name too long, a file on the
+way) is one line too.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -20,12 +24,18 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from tuner.bundle_marker import LEGACY, MARKER, NAME_MAX, STAGING, owned_files, shown  # noqa: F401 - re-exported
 from tuner.errors import TunerError
 
-MARKER = ".dspark-bundle.json"  # what dspark-tune wrote into this folder
-STAGING = ".dspark-staging-"  # prefix of a bundle being written (left behind only by a kill)
-LEGACY = {"dspark.yaml", "sglang.sh", "sps.json", "sts.json", "vllm.json", "vllm.sh", "report.md",
-          "provenance.json", "kernels.json"}  # a bundle written before the marker existed
+# what an OSError on the --out path means for the user, by errno
+_PATH_ERRORS = {errno.ENAMETOOLONG: "a name in it is longer than the file system allows (255 bytes), or the whole "
+                                    "path is: pass a shorter --out",
+                errno.ELOOP: "it goes through a symbolic link loop: fix the link or pass another --out",
+                errno.ENOTDIR: "a part of it is a file, not a folder: pass a folder path",
+                errno.EEXIST: "a part of it is a file, not a folder: pass a folder path",  # mkdir(exist_ok) on a file
+                errno.EACCES: "permission denied: pass a writable --out",
+                errno.EPERM: "permission denied: pass a writable --out",
+                errno.EROFS: "the file system is read-only: pass a writable --out"}
 
 
 def target_of(out: Path) -> Path:
@@ -33,24 +43,9 @@ def target_of(out: Path) -> Path:
     return Path(os.path.realpath(Path(out).expanduser()))
 
 
-def owned_files(folder: Path) -> set[str] | None:
-    """The names dspark-tune wrote into `folder` (from its marker; a marker-less older bundle by its
-    provenance.json), or None when `folder` is not a bundle."""
-    marker = folder / MARKER
-    if marker.is_file():
-        try:
-            data = json.loads(marker.read_text())
-            return {str(n) for n in data.get("files", []) if isinstance(n, str) and "/" not in n}
-        except (OSError, ValueError, AttributeError):
-            return None
-    prov = folder / "provenance.json"
-    try:
-        legacy = "study" in json.loads(prov.read_text())
-    except (OSError, ValueError, TypeError):
-        return None
-    names = {p.name for p in folder.iterdir() if not p.name.startswith(STAGING)}
-    plots = {n for n in names if n.endswith(".png")}
-    return names if legacy and names <= LEGACY | plots else None
+def _path_error(out: Path, e: OSError) -> TunerError:
+    why = _PATH_ERRORS.get(e.errno or 0, f"cannot create or write it ({e.strerror or e}): pass a writable --out")
+    return TunerError(f"--out {shown(out)}: {why}")
 
 
 def _foreign(folder: Path) -> list[str]:
@@ -70,29 +65,42 @@ def _probe(folder: Path, out: Path) -> None:
         os.close(fd)
         os.unlink(name)
     except OSError as e:
-        raise TunerError(f"cannot write into {folder} for --out {out} ({e.strerror}); pass a writable --out") from None
+        raise TunerError(f"cannot write into {shown(folder)} for --out {shown(out)} ({e.strerror}); pass a writable "
+                         "--out") from None
 
 
 def check_out(out: Path) -> Path:
-    """The resolved bundle folder, or one TunerError line: not a folder, not writable, or a folder of files
-    dspark-tune did not write. Creates nothing but the missing parents."""
+    """The resolved bundle folder, or one TunerError line: not a folder, not writable, a path the file system
+    refuses (a link loop, a name too long, a file on the way), a folder of files dspark-tune did not write, or a
+    marker that lists anything but plain names inside it. Creates nothing but the missing parents."""
+    try:
+        return _check_out(out)
+    except ValueError:  # os functions refuse an embedded NUL
+        raise TunerError(f"--out {shown(out)}: a path cannot hold a NUL character; pass another --out") from None
+    except OSError as e:
+        raise _path_error(out, e) from None
+
+
+def _check_out(out: Path) -> Path:
     real = target_of(out)
+    if any(p.is_symlink() for p in (real, *real.parents)):  # realpath stops resolving inside a loop
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+    if len(real.name.encode("utf-8", "surrogateescape")) > NAME_MAX:  # fails here, not in the final rename
+        raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
     if real.exists() and not real.is_dir():
-        raise TunerError(f"--out {out} exists and is not a folder; pass a folder path")
+        raise TunerError(f"--out {shown(out)} exists and is not a folder; pass a folder path")
     if real.is_dir():
         if owned_files(real) is None:
             names = _foreign(real)
             if names:
-                shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-                raise TunerError(f"--out {out} ({real}) holds files dspark-tune did not write ({shown}); pass a "
-                                 "new or empty folder, or a previous bundle")
+                listed = ", ".join(shown(n, 40) for n in names[:3]) + \
+                    (f" and {len(names) - 3} more" if len(names) > 3 else "")
+                raise TunerError(f"--out {shown(out)} ({shown(real)}) holds files dspark-tune did not write "
+                                 f"({listed}); pass a new or empty folder, or a previous bundle")
         _probe(real, out)
         return real
     parent = real.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise TunerError(f"cannot create {parent} for --out {out} ({e.strerror}); pass a writable --out") from None
+    parent.mkdir(parents=True, exist_ok=True)
     _probe(parent, out)
     return real
 
@@ -142,10 +150,10 @@ def write_bundle(out: Path, build: Callable[[Path], None]) -> list[str]:
 def _commit(stage: Path, real: Path, new: set[str], out: Path) -> None:
     """Rename the staged files over the previous bundle's, never over a file the user owns."""
     old = owned_files(real) or set()
-    clash = sorted(n for n in new if (real / n).exists() and n not in old)
+    clash = sorted(n for n in new if os.path.lexists(real / n) and n not in old)  # a dangling link is a file
     if clash:
-        raise TunerError(f"--out {out} already holds {', '.join(clash[:3])}, which dspark-tune did not write; "
-                         "move it away or pass another --out")
+        raise TunerError(f"--out {shown(out)} already holds {', '.join(shown(n, 40) for n in clash[:3])}, which "
+                         "dspark-tune did not write; move it away or pass another --out")
     _write_marker(real, old | new, False)  # a kill from here on leaves a marker that still lists every file
     for name in sorted(new):
         src, dst = stage / name, real / name
@@ -161,6 +169,6 @@ def _commit(stage: Path, real: Path, new: set[str], out: Path) -> None:
     for name in sorted(old - new):
         _remove(real / name)
     _write_marker(real, new, True)
-    for leftover in real.glob(f"{STAGING}*"):  # a killed earlier export's staging folder
-        if leftover != stage:
+    for leftover in real.glob(f"{STAGING}*"):  # a killed earlier export's staging folder or marker
+        if leftover != stage and not leftover.is_symlink():
             _remove(leftover)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from kb.cli_common import DbOpt, JsonOpt, RulesOpt, console, err_console, print_json
 from kb.commands_profile import ConcurrencyOpt, DrafterOpt, SloTpotOpt, SloTtftOpt
@@ -55,6 +56,7 @@ def resolve_profile(database, model: str | None, gpu: str | None, workload: str 
     if latest is None and not model:
         raise TunerError("no stored profile and no --model; run 'dspark profile --model NAME' first or pass --model")
     if latest is not None and not given:
+        _refuse_unsafe(latest[1])  # stored before this check existed, or by another tool
         return latest
     base = latest[1] if latest else None
     base_wl = None
@@ -71,7 +73,28 @@ def resolve_profile(database, model: str | None, gpu: str | None, workload: str 
                             drafter=drafter or (base.drafter.chosen if same_model and base else None))
     if same_model and base is not None and not workload and not drafter and _from_production(base):
         profile.accept = base.accept  # a deployment's measured acceptance holds on any GPU: keep it
+    _refuse_unsafe(profile)
     return save_profile(database, profile), profile
+
+
+def _refuse_unsafe(profile) -> None:  # noqa: ANN001 - profiler.schema.Profile
+    """One line, before anything is stored or run, when a value the launch scripts carry (the model's folder name
+    and path, the drafter's path, the GPU's name) holds a line-breaking character (profiler/line_safe.py)."""
+    from profiler.line_safe import profile_problem
+
+    why = profile_problem(profile)
+    if why:
+        raise TunerError(why)
+
+
+def _refuse_unsafe_options(**options: str | None) -> None:
+    """One line when an option's value holds a line-breaking character: it would reach a launch script."""
+    from profiler.line_safe import unsafe_char
+
+    for name, value in options.items():
+        why = unsafe_char(value) if value else None
+        if why:
+            raise TunerError(f"--{name}: {ascii(value)[1:-1][:80]} holds {why}; rename it (launch scripts carry it)")
 
 
 def _from_production(p) -> bool:  # noqa: ANN001 - profiler.schema.Profile
@@ -215,6 +238,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         if workers > 1:
             raise TunerError("--engine runs one server at a time on this machine (parallel servers would share its "
                              "devices and skew every measurement): drop --workers")
+        _check_live_options(engine, engine_python, draft)  # before the profile: a typo costs no measurement
     elif mode == "live":
         raise TunerError("--mode live needs --engine dspark|vllm|sglang")
     if load not in ("closed", "sweep"):
@@ -222,6 +246,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
     check_out(out)  # before any trial runs, not after the whole study
     if study_name is not None:
         st.check_name(study_name)
+    _refuse_unsafe_options(model=model, drafter=drafter, draft=draft)
     database, _ = open_synced(db, rules)
     url = resolve_url(db)
     from profiler.workload import Traffic
@@ -229,7 +254,11 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
     traffic = Traffic(concurrency, slo_ttft_ms, slo_tpot_ms)
     resume = study_name is not None and not (model or gpu or workload or drafter or traffic.given()) and \
         _exists(url, study_name)
-    if not resume:
+    if resume:  # a study stored before these checks existed: refused before its trials, not at its export
+        stored = st.StudySpec.model_validate(st.open_study(url, study_name, None).user_attrs[st.SPEC_ATTR])
+        _refuse_unsafe(stored.profile_model())
+        _refuse_unsafe_options(draft=stored.draft)
+    else:
         here = "auto" if engine is not None and gpu is None else gpu  # a live engine runs on this machine
         profile_id, profile = resolve_profile(database, model, here, workload, traffic, drafter)
         try:
@@ -263,15 +292,16 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                                                   spec.calibration)
         st.open_study(url, study_name, spec)
     if not as_json:
-        err_console.print(f"study [bold]{study_name}[/] in {_shown(url)}: Ctrl-C keeps every completed trial; "
-                          f"resume with --study {study_name}")
+        shown = escape(study_name)  # a name or path with [brackets] is text, not Rich markup
+        err_console.print(f"study [bold]{shown}[/] in {escape(_shown(url))}: Ctrl-C keeps every completed trial; "
+                          f"resume with --study {shown}")
     try:
         done = _progress_runner(url, study_name, trials, workers, timeout, as_json)
         _confirm(done, confirm, as_json)
     except KeyboardInterrupt:
         n = len(st.completed(st.open_study(url, study_name, None)))
-        err_console.print(f"interrupted: study {study_name} keeps its {n} completed trials; resume with "
-                          f"--study {study_name}", highlight=False, soft_wrap=True)
+        err_console.print(f"interrupted: study {escape(study_name)} keeps its {n} completed trials; resume with "
+                          f"--study {escape(study_name)}", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
     result = export_study(url, study_name, out)
     summary = {"study": study_name, "trials": len(st.completed(done)), **result.to_json()}
@@ -301,11 +331,7 @@ def _live_spec(spec, engine: str, python: Path | None, draft: str | None, reques
     from tuner.measure import _checkpoint
     from tuner.prior import simulated_optimum
 
-    if draft is not None and not (Path(draft) / "config.json").is_file():
-        raise TunerError(f"--draft {draft}: not a checkpoint folder (no config.json); give a small autoregressive "
-                         "model of the target's tokenizer, e.g. dspark_core/assets/tiny/draft")
-    if python is not None and not python.exists():
-        raise TunerError(f"--engine-python {python}: no such interpreter")
+    _check_live_options(engine, python, draft)
     draft_path = str(Path(draft).absolute()) if draft else None  # absolute, not resolved: a link is kept as given
     profile = spec.profile_model()
     live = ENGINES[engine](profile, _checkpoint(profile), str(python) if python else None, draft_path).locate()
@@ -315,6 +341,20 @@ def _live_spec(spec, engine: str, python: Path | None, draft: str | None, reques
                                    "engine_version": f"{live.package} {live.version}", "live_requests": requests,
                                    "live_max_tokens": max_tokens, "startup_seconds": startup_s})
     return spec.model_copy(update={"prior": simulated_optimum(spec)})
+
+
+def _check_live_options(engine: str, python: Path | None, draft: str | None) -> None:
+    """One line for a live option that cannot work: a missing interpreter or draft folder, or a draft path vLLM
+    would read as another method."""
+    if draft is not None and not (Path(draft) / "config.json").is_file():
+        raise TunerError(f"--draft {draft}: not a checkpoint folder (no config.json); give a small autoregressive "
+                         "model of the target's tokenizer, e.g. dspark_core/assets/tiny/draft")
+    if python is not None and not python.exists():
+        raise TunerError(f"--engine-python {python}: no such interpreter")
+    if engine == "vllm" and draft is not None:
+        from tuner.live.engines import check_vllm_draft
+
+        check_vllm_draft(str(Path(draft).absolute()))
 
 
 def _shown(url: str) -> str:
@@ -333,7 +373,7 @@ def _exists(url: str, name: str) -> bool:
 
 def _print_summary(s: dict[str, Any]) -> None:
     mode = "SIMULATED" if s["mode"] == "simulate" else "MEASURED"
-    console.print(f"[bold]{mode}[/] study {s['study']}: {s['trials']} trials, exported trial {s['trial']} "
+    console.print(f"[bold]{mode}[/] study {escape(s['study'])}: {s['trials']} trials, exported trial {s['trial']} "
                   f"{'(meets the SLOs)' if s['meets_slo'] else '[red](no trial met the SLOs)[/]'}")
     m = s["metrics"]
     if m:
@@ -344,7 +384,7 @@ def _print_summary(s: dict[str, Any]) -> None:
     console.print(f"  gamma {p['spec.block_size']}, head {p['spec.head']}, scheduler {p['spec.scheduler']}, "
                   f"max requests {p['batch.max_requests']}, weights {p['weights.dtype']}, kv {p['kv.dtype']}, "
                   f"tp {p['parallel.tp']}")
-    console.print(f"  bundle: {s['out']}/ ({', '.join(s['files'])})")
+    console.print(f"  bundle: {escape(str(s['out']))}/ ({', '.join(s['files'])})")
     if s.get("calibration"):
         c = s["calibration"]
         how = "efficiencies refitted, " if c.get("efficiency") else ""
@@ -370,7 +410,7 @@ def export(study_name: Annotated[str, typer.Option("--study", help="Study to exp
     if as_json:
         print_json(result.to_json())
     else:
-        console.print(f"exported trial {result.trial_number} of {study_name} to {out}/ "
+        console.print(f"exported trial {result.trial_number} of {escape(study_name)} to {escape(str(out))}/ "
                       f"({'meets' if result.meets_slo else 'does NOT meet'} the SLOs)")
 
 

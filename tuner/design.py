@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tuner.space import SearchSpace, engine_defaults
+from tuner.trial_run import fail_dead, run_trial
 
 SCREEN = (  # screened knobs, in order: speculation on or off where an engine searches it (a live peer engine), then
     # capacity (running requests and TP decide whether the SLOs can be met at all, so the block length is then tuned
@@ -151,7 +152,6 @@ def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budg
     study already holds is read back, not run again (an interrupted study ends where an uninterrupted one
     does), and a move another process is running is waited for (two `tune` processes on one study share the
     screen instead of running it twice)."""
-    import optuna
 
     def evaluate(params: dict[str, Any]) -> Any:
         """Score of the configuration `params`, running it here unless another process already is."""
@@ -164,10 +164,10 @@ def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budg
             if t.state.name == "COMPLETE":
                 return score(t)
             if t.state.name == "WAITING":
-                study.optimize(objective, n_trials=1, callbacks=callbacks, catch=())  # pops the oldest waiting
-            else:  # running in another worker: wait, failing it if that worker died (heartbeat)
+                run_trial(study, objective, callbacks)  # pops the oldest waiting (tuner/trial_run.py)
+            else:  # running in another worker: wait, failing it if that worker died (identity, heartbeat)
                 time.sleep(poll_s)
-                optuna.storages.fail_stale_trials(study)
+                fail_dead(study)
 
     def known(params: dict[str, Any]) -> tuple[bool, Any]:
         t = _copy_of(study, params)

@@ -161,10 +161,17 @@ def _write_kernels(folder: Path, db_url: str, gpu: str | None) -> bool:
     """kernels.json: the Triton configs `tune-kernels` stored for this GPU (read by the engine)."""
     if not gpu:
         return False
+    from sqlalchemy import func, select
+
     from kb.db import open_db
-    from tuner.kernels import kernels_json, lookup_kernel_configs
+    from kb.models_kernels import KernelConfigRow
 
     db = open_db(db_url)
+    with db.session() as s:
+        if not s.scalar(select(func.count()).select_from(KernelConfigRow)):
+            return False  # nothing tuned on any GPU: no need to load the kernel registry (it imports torch)
+    from tuner.kernels import kernels_json, lookup_kernel_configs
+
     if not lookup_kernel_configs(db, gpu):
         return False
     (folder / "kernels.json").write_text(json.dumps(kernels_json(db, gpu), indent=2) + "\n")

@@ -11,10 +11,11 @@ study measured is started by exactly the script the bundle ships.
 from __future__ import annotations
 
 import json
-import shlex
 import shutil
 from pathlib import Path
 from typing import Any
+
+from tuner.script_values import check_values, finalize, quote, text, token
 
 TEMPLATES = Path(__file__).parent / "templates"
 DSPARK_TEMPLATES = ("dspark/v1/dspark.yaml.j2", "dspark/v1/dspark.sh.j2")
@@ -27,17 +28,14 @@ ENGINE_FILES = {"dspark": ("dspark.yaml", "sps.json", "sts.json", "dspark.sh", *
 SCRIPTS = {"dspark": "dspark.sh", "vllm": "vllm.sh", "sglang": "sglang.sh"}  # the script that starts each engine
 
 
-def _quote(value: Any) -> str:
-    """Jinja filter `q`: a value as one shell word, whatever it holds."""
-    return shlex.quote(str(value))
-
-
 def template_env():  # -> jinja2.Environment
+    """The templates' environment: a missing value is an error, and every value a script template renders must be
+    marked `q` (a shell word), `token` (inert characters) or `text` (a comment) (tuner/script_values.py)."""
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, autoescape=False)
-    env.filters["q"] = _quote
+                             keep_trailing_newline=True, autoescape=False, finalize=jinja2.pass_context(finalize))
+    env.filters.update(q=quote, token=token, text=text)
     return env
 
 
@@ -46,6 +44,7 @@ def write_dspark(folder: Path, config, sps, sts: dict[str, Any], common: dict[st
     `config` names (copied in, renamed, and named relative to dspark.yaml)."""
     from dspark_core.config import load_config, save_config
 
+    check_values("dspark.sh", common)
     env = template_env()
     config.spec.sps_path, config.spec.sts_path = "sps.json", "sts.json"
     for key, name in POLICY_FILES.items():  # the learned policies travel with the bundle, like the SPS table
@@ -63,12 +62,14 @@ def write_dspark(folder: Path, config, sps, sts: dict[str, Any], common: dict[st
 
 
 def write_vllm(folder: Path, context: dict[str, Any], common: dict[str, Any]) -> None:
+    check_values("vllm.sh", {**common, **context})
     env = template_env()
     (folder / "vllm.json").write_text(env.get_template(VLLM_TEMPLATES[0]).render(**common, **context))
     _script(folder, "vllm.sh", env.get_template(VLLM_TEMPLATES[1]).render(**common, **context))
 
 
 def write_sglang(folder: Path, context: dict[str, Any], common: dict[str, Any]) -> None:
+    check_values("sglang.sh", {**common, **context})
     _script(folder, "sglang.sh", template_env().get_template(SGLANG_TEMPLATE).render(**common, **context))
 
 

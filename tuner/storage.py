@@ -1,9 +1,12 @@
 """Optuna storage on the knowledge base's URL: heartbeats that fail a killed worker's trials (and retry them without
-what the killed attempt measured), and SQLite transactions serialised so that workers never pop one trial twice."""
+what the killed attempt measured), SQLite transactions serialised so that workers never pop one trial twice, and a
+new database's tables created by whichever of two tuners gets there first. The storage class itself (worker
+identity, a heartbeat that survives the database failing) is tuner/storage_rdb.py."""
 
 from __future__ import annotations
 
 import os
+from functools import cache
 from typing import Any
 
 
@@ -20,7 +23,8 @@ def grace_s() -> int:
 class _RetryStale:
     """Optuna's RetryHeartbeatStaleTrialCallback without what the killed attempt measured: its constraints
     (Optuna would keep them over the retry's own, with a warning) and its user attributes (metrics, feasible)
-    describe a run that never finished. Parameters and the retry history are kept."""
+    describe a run that never finished, and its worker is not the retry's. Parameters and the retry history are
+    kept."""
 
     def __init__(self, max_retry: int) -> None:
         self.max_retry = max_retry
@@ -31,27 +35,64 @@ class _RetryStale:
         history = [*trial.system_attrs.get("retry_history", []), trial.number]
         if len(history) > self.max_retry:
             return
-        attrs = {k: v for k, v in trial.system_attrs.items() if not k.startswith("constraints")}
+        from tuner.worker_identity import ATTR
+
+        attrs = {k: v for k, v in trial.system_attrs.items() if not k.startswith("constraints") and k != ATTR}
         attrs.update(failed_trial=trial.system_attrs.get("failed_trial", trial.number), retry_history=history)
         study.add_trial(optuna.create_trial(state=optuna.trial.TrialState.WAITING, params=trial.params,
                                             distributions=trial.distributions, system_attrs=attrs))
 
 
+CREATE_ATTEMPTS = 8  # tries to open the storage while another process creates Optuna's tables on a new database
+
+
 def storage(db_url: str):  # -> optuna.storages.RDBStorage
+    """The study storage on `db_url`. Two tuners that open a new database at once both create Optuna's tables
+    (create_all checks, then creates: not atomic), and the later one fails with "table ... already exists":
+    it retries, and finds the tables the other made."""
+    import time
     import warnings
 
     import optuna
-    from optuna.storages import RDBStorage
+
+    from tuner.storage_faults import StorageFault, is_storage_fault, reason
+    from tuner.storage_rdb import storage_class
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    _quiet_query_fallback()
     kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if db_url.startswith("sqlite") else {
         "pool_pre_ping": True}
-    st = RDBStorage(db_url, engine_kwargs=kwargs, heartbeat_interval=heartbeat_s(), grace_period=grace_s(),
-                    heartbeat_stale_trial_callback=_RetryStale(max_retry=2))
+    for attempt in range(CREATE_ATTEMPTS):
+        try:
+            st = storage_class()(db_url, engine_kwargs=kwargs, heartbeat_interval=heartbeat_s(),
+                                  grace_period=grace_s(), heartbeat_stale_trial_callback=_RetryStale(max_retry=2))
+            break
+        except Exception as e:
+            from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+            if not (is_storage_fault(e) or isinstance(e, (IntegrityError, ProgrammingError))):
+                raise
+            if attempt == CREATE_ATTEMPTS - 1:
+                from kb.db import _redact
+
+                raise StorageFault(f"cannot open the study storage in {_redact(db_url)}: {reason(e)}; check the "
+                                   "database, then run the command again") from None
+            time.sleep(0.1 * (attempt + 1))  # another process is creating the tables: let it finish
     if db_url.startswith("sqlite"):
         _serialise_sqlite(st.engine)
     return st
+
+
+@cache
+def _quiet_query_fallback() -> None:
+    """Drop Optuna's "Caught an error from sqlalchemy ... Falling back to a slower alternative" warning: it logs any
+    OperationalError of a trial query (with its SQL, over many lines) before retrying it, so a database that failed
+    printed that text above our one line; when the fallback works it was noise too."""
+    import logging
+
+    logging.getLogger("optuna.storages._rdb.storage").addFilter(
+        lambda record: not str(record.msg).startswith("Caught an error from sqlalchemy"))
 
 
 def _serialise_sqlite(engine) -> None:

@@ -3,8 +3,10 @@
 Everything a worker needs to rebuild the objective (profile, plan, mode, objectives, SLOs) is
 stored in the study's user attributes, so a study resumes by name after Ctrl-C or kill -9, several
 processes (`--workers N`) or machines (one PostgreSQL URL) work on it together, and `export`
-re-exports it later. Stale RUNNING trials of a killed worker are failed by Optuna's heartbeat and
-retried; completed trials are committed one by one and never lost.
+re-exports it later. RUNNING trials of a killed worker are failed and retried: at once when the worker ran on
+this machine (tuner/worker_identity.py), else by Optuna's heartbeat; completed trials are committed one by one and
+never lost. The database failing mid-study (disk full, server restarted) ends the run with one line and leaves the
+study consistent (tuner/trial_run.py, tuner/storage_faults.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from tuner.errors import TunerError
 from tuner.objective import OBJECTIVES, Evaluator, SimulateEvaluator
 from tuner.space import SearchSpace, space_from_plan
 from tuner.storage import _RetryStale, grace_s, heartbeat_s, stop_heartbeats, storage  # noqa: F401 - the study's storage, re-exported
+from tuner.trial_run import fail_dead, faults_as_one_line, run_trial
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC_ATTR = "dspark_spec"
@@ -289,12 +292,12 @@ def make_sampler(seed: int, worker: int = 0):  # -> optuna.samplers.BaseSampler
 
 
 def live(study) -> int:
-    """Completed trials plus those running now (stale ones from a dead worker failed first): what a worker
-    counts against the study's target before it starts another trial."""
-    import optuna
+    """Completed trials plus those running now: what a worker counts against the study's target before it starts
+    another trial. A trial whose worker is gone is failed first, never counted (tuner/trial_run.py `fail_dead`:
+    at once for a dead process of this machine, by the heartbeat for others)."""
     from optuna.trial import TrialState
 
-    optuna.storages.fail_stale_trials(study)
+    fail_dead(study)
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)))
 
 
@@ -306,7 +309,8 @@ def run_worker(db_url: str, name: str, target: int, worker: int = 0, timeout: fl
     first; the others, and every trial after the screen, are TPE's."""
     import optuna
 
-    study = optuna.load_study(study_name=name, storage=storage(db_url), sampler=None)
+    with faults_as_one_line(name):
+        study = optuna.load_study(study_name=name, storage=storage(db_url), sampler=None)
     spec = StudySpec.model_validate(study.user_attrs[SPEC_ATTR])
     study.sampler = make_sampler(spec.seed, worker)
     space = spec.space()
@@ -322,7 +326,7 @@ def run_worker(db_url: str, name: str, target: int, worker: int = 0, timeout: fl
 
     ran = 0
     try:
-        with quiet_interrupts():
+        with quiet_interrupts(), faults_as_one_line(name):
             if worker == 0 and space.distributions:
                 from tuner.design import screen
                 from tuner.live.order import hot_knobs
@@ -332,8 +336,7 @@ def run_worker(db_url: str, name: str, target: int, worker: int = 0, timeout: fl
                              hot=hot_knobs(evaluator, space), hot_moves=spec.hot_trials)
             last: list[Any] = []
             while not full():
-                study.optimize(objective, n_trials=1, callbacks=[*(callbacks or []), lambda _s, t: last.append(t)],
-                               catch=())
+                run_trial(study, objective, [*(callbacks or []), lambda _s, t: last.append(t)])
                 ran += 1
                 if last:
                     from tuner.live.order import hot_siblings
@@ -358,9 +361,11 @@ def run(db_url: str, name: str, trials: int, workers: int = 1, timeout: float | 
     """Bring study `name` to `trials` completed trials with `workers` processes (this one included)."""
     import optuna
 
-    study = optuna.load_study(study_name=name, storage=storage(db_url))
-    fail_orphans(study)
-    remaining = max(0, trials - len(completed(study)))
+    with faults_as_one_line(name):
+        study = optuna.load_study(study_name=name, storage=storage(db_url))
+        fail_orphans(study)
+        fail_dead(study)  # a worker killed a moment ago: its trial is neither running nor counted
+        remaining = max(0, trials - len(completed(study)))
     if remaining == 0:
         return study
     procs = [subprocess.Popen([sys.executable, "-m", "tuner.worker", db_url, name, str(trials), str(i),
@@ -372,11 +377,12 @@ def run(db_url: str, name: str, trials: int, workers: int = 1, timeout: float | 
             on_progress(len(completed(st)), st)
 
     try:
-        run_worker(db_url, name, trials, 0, timeout, cb)
-        while any(p.poll() is None for p in procs):
-            time.sleep(0.3)
-            if on_progress:
-                on_progress(len(completed(study)), study)
+        with faults_as_one_line(name):
+            run_worker(db_url, name, trials, 0, timeout, cb)
+            while any(p.poll() is None for p in procs):
+                time.sleep(0.3)
+                if on_progress:
+                    on_progress(len(completed(study)), study)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -386,7 +392,8 @@ def run(db_url: str, name: str, trials: int, workers: int = 1, timeout: float | 
     if failed:
         raise TunerError(f"{len(failed)} worker process(es) failed (exit {failed[0]}); completed trials are "
                          f"kept: resume with --study {name}")
-    return optuna.load_study(study_name=name, storage=storage(db_url))
+    with faults_as_one_line(name):
+        return optuna.load_study(study_name=name, storage=storage(db_url))
 
 
 def fail_orphans(study) -> int:

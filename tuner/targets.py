@@ -9,6 +9,7 @@ graph-tier alignment only act when its ragged verify mode is not `static`.
 from __future__ import annotations
 
 import json
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +51,16 @@ VLLM_HEADS = ("none", "markov")  # vLLM 0.33's Qwen3DSparkModel implements the v
 VLLM_ACTIVATION_FACTOR = 2  # bf16 bytes per activation element in vLLM's profiling run
 
 
+@cache
 def _source(name: str) -> str:
+    """The pinned releases a catalogue file names (one line for the scripts' comments); read once per process:
+    releases.yaml is large and every export and live trial asks."""
     path = CATALOG / name
     if not path.exists():
         return "not pinned"
     import yaml
 
-    data = yaml.safe_load(path.read_text()) or {}
+    data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
     pins = data.get("packages") or {}
     if pins:
         return ", ".join(f"{k} {v['version']}" for k, v in pins.items())

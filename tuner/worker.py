@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 
+from tuner.errors import TunerError
 from tuner.study import run_worker
 
 
@@ -20,6 +21,9 @@ def main(argv: list[str]) -> int:
         run_worker(db_url, name, n_trials, worker, timeout)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the parent says "interrupted"
         return 130
+    except TunerError as e:  # a database fault (tuner/storage_faults.py): one line, as the CLI prints it
+        print(f"error: worker {worker}: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

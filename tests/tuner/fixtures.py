@@ -33,3 +33,14 @@ def profile() -> Profile:
 
 def plan() -> Plan:
     return Plan.model_validate(PLAN)
+
+
+def refused(capsys, *argv: str) -> str:  # noqa: ANN001 - pytest's capsys
+    """cli.main(argv) exits 2 with one line on stderr and no traceback; returns that line."""
+    import cli
+
+    code = cli.main(list(argv))
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]

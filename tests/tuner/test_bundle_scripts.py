@@ -44,18 +44,21 @@ def value(argv: list[str], flag: str) -> str | None:
     return argv[argv.index(flag) + 1] if flag in argv else None
 
 
+STUDY = "s$(touch PWNED5);'x'`touch PWNED6`[/b]"  # printable: a valid study name (Rich markup too), in every script
+
+
 @pytest.fixture(scope="module")
 def hostile_bundle(tmp_path_factory) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("hostile")
-    model = root / "m$(touch PWNED) 'q' `touch PWNED2`"
+    model = root / "m$(touch PWNED) 'q' `touch PWNED2` é🙂 \\ ${HOME}"
     shutil.copytree(ASSETS / "target", model)
-    drafter = root / 'd"$(touch PWNED3)"; touch PWNED4'
+    drafter = root / 'd"$(touch PWNED3)"; touch PWNED4 & !x'
     shutil.copytree(ASSETS / "drafters" / "markov", drafter)
     os.environ["DSPARK_DB"] = f"sqlite:///{root / 'kb.sqlite'}"
     try:
         assert cli.main(["profile", "--model", str(model), "--gpu", "h100", "--drafter", str(drafter)]) == 0
         out = root / "bundle"
-        assert cli.main(["tune", "--trials", "3", "--out", str(out)]) in (0, 2)
+        assert cli.main(["tune", "--trials", "3", "--study", STUDY, "--out", str(out)]) in (0, 2)
     finally:
         del os.environ["DSPARK_DB"]
     return out, model, drafter
@@ -63,6 +66,9 @@ def hostile_bundle(tmp_path_factory) -> tuple[Path, Path, Path]:
 
 def test_hostile_paths_run_nothing_and_arrive_whole(hostile_bundle, tmp_path):
     out, model, drafter = hostile_bundle
+    for script in ("sglang.sh", "vllm.sh", "dspark.sh"):  # comments and echo lines carry the names too
+        assert subprocess.run(["bash", "-n", str(out / script)]).returncode == 0
+        assert STUDY in (out / script).read_text() and model.name in (out / script).read_text()
     for script in ("sglang.sh", "vllm.sh"):
         code, argv, err = run_script(out / script, tmp_path)
         assert code == 0, err
