@@ -77,10 +77,18 @@ class AcceptanceModel:
         return expected_tau(self.alphas(gamma))
 
     def draw(self, rng: np.random.Generator, requests: int, gamma: int) -> tuple[np.ndarray, np.ndarray]:
-        """Confidences [R, gamma] and acceptance outcomes [R, gamma] (bool) for one round."""
-        a = np.clip(np.array(self.alphas(gamma)), 1e-3, 0.999)[None, :].repeat(requests, 0)
-        p = rng.beta(self.kappa * a, self.kappa * (1 - a))
+        """Confidences [R, gamma] and acceptance outcomes [R, gamma] (bool) for one round (the simulator's inner
+        loop: the Beta parameters are computed once per block length)."""
+        a, b = _beta_params(self, gamma)  # [gamma] each
+        p = rng.beta(a, b, size=(requests, gamma))
         return p, rng.random(p.shape) < p
+
+
+@lru_cache(maxsize=256)
+def _beta_params(model: AcceptanceModel, gamma: int) -> tuple[np.ndarray, np.ndarray]:
+    """The Beta distribution's (a, b) per position: kappa x alpha and kappa x (1 - alpha), alpha clipped."""
+    alpha = np.clip(np.array(model.alphas(gamma)), 1e-3, 0.999)
+    return model.kappa * alpha, model.kappa * (1 - alpha)
 
 
 @lru_cache(maxsize=1)

@@ -201,7 +201,8 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
             running += admitted
         live = [r for r in running if r.generated < r.output]
         if live:
-            ctx = float((max if bundled else np.mean)([r.prompt + r.generated for r in live]))
+            contexts = [r.prompt + r.generated for r in live]
+            ctx = float(max(contexts) if bundled else sum(contexts) / len(contexts))  # exact: integer sum
             gains = [1] * len(live)
             t += round_s + round_req_s * len(live)
             host_rounds, host_req_rounds = host_rounds + 1, host_req_rounds + len(live)
