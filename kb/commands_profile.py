@@ -27,9 +27,10 @@ SloTtftOpt = Annotated[float | None, typer.Option(
 SloTpotOpt = Annotated[float | None, typer.Option(
     "--slo-tpot-ms", help="p99 time-per-output-token SLO in ms, replacing the workload's (0: none).")]
 DrafterOpt = Annotated[str | None, typer.Option(
-    "--drafter", help="DSpark drafter the deployment runs: auto (the model's published drafter, if any), none "
-                      "(train one for the tuned configuration) or a drafter folder. It fixes head, depth and the "
-                      "longest block.")]
+    "--drafter", help="Drafter the deployment runs: auto (the model's published drafter, first of dspark > eagle3 > "
+                      "mtp > dflash > draft_model), none (train a DSpark one for the tuned configuration), a method "
+                      "(dspark, eagle3, mtp, dflash, draft_model: its published drafter; ngram, suffix: no "
+                      "checkpoint), a catalogue drafter id (--list-drafters) or a DSpark drafter folder.")]
 
 
 def register(app: typer.Typer) -> None:
@@ -64,8 +65,13 @@ def register(app: typer.Typer) -> None:
                               ] = "latest",
         list_models: Annotated[bool, typer.Option("--list-models", help="List the model catalogue.")] = False,
         list_gpus: Annotated[bool, typer.Option("--list-gpus", help="List the GPU catalogue.")] = False,
+        list_drafters: Annotated[bool, typer.Option(
+            "--list-drafters", help="List the drafter catalogue (with --model: that model's drafters).")] = False,
     ) -> None:
         """Profile a model, a GPU and a workload: sizes, bytes, FLOPs, operator census, what bounds decode."""
+        if list_drafters:
+            _list_drafters(model, json_out)
+            return
         if list_models or list_gpus:
             _list(list_models, list_gpus, json_out)
             return
@@ -147,7 +153,8 @@ def _list(list_models: bool, list_gpus: bool, json_out: bool) -> None:
         out: dict[str, object] = {}
         if list_models:
             out["models"] = [{"name": m.name, "family": m.family, "aliases": m.aliases,
-                              "default_for": m.default_for, "source": m.source} for m in models()]
+                              "default_for": m.default_for, "source": m.source, "config_file": m.config_file}
+                             for m in models()]
         if list_gpus:
             out["gpus"] = [g.model_dump() for g in gpus()]
         print_json(out)
@@ -158,3 +165,30 @@ def _list(list_models: bool, list_gpus: bool, json_out: bool) -> None:
         console.print(models_table())
     if list_gpus:
         console.print(gpus_table())
+
+
+def _list_drafters(model: str | None, json_out: bool) -> None:
+    """The drafter catalogue (profiler/catalog/drafters.yaml), or one catalogue model's drafters in auto's order.
+    The human form is one heading per target and one line per drafter, so an id is never cut at any width."""
+    from rich.markup import escape
+
+    from profiler.catalog import drafters, drafters_for, models, resolve_model
+
+    targets = [resolve_model(model)[0].name] if model else [m.name for m in models()]
+    rows = [d for t in targets for d in drafters_for(t)]
+    if not model:
+        rows += [d for d in drafters() if d not in rows]  # a target outside the model catalogue (none today)
+    if json_out:
+        print_json({"drafters": [d.model_dump(exclude_none=True) for d in rows]})
+        return
+    console.print("[bold]Published drafters[/bold] (profiler/catalog/drafters.yaml; `--drafter` takes the method or "
+                  "the id; --json for every fact)")
+    for target in dict.fromkeys(d.target for d in rows):
+        console.print(f"[bold]{escape(target)}[/bold]")
+        for d in (d for d in rows if d.target == target):
+            steps = sorted({a.steps for a in d.acceptance})
+            acc = (f"{len(d.acceptance)} published at K {'/'.join(map(str, steps))}" if d.acceptance else
+                   f"DSpark paper Table 1 at K {d.acceptance_ref.steps}" if d.acceptance_ref else "no acceptance")
+            console.print(f"  {d.method:<11} {escape(d.id)}  [dim]({acc})[/dim]", soft_wrap=True)
+    if model and not rows:
+        console.print(f"no published drafter for {escape(targets[0])}: --drafter ngram, suffix or none")

@@ -202,6 +202,10 @@ def match_profile(rules: list[StoredRule], profile: Profile, feasible: bool = Tr
         by_param.setdefault(c.action.param, []).append(c)
         plan.resolutions.append(f"{c.action.param}: {_show(c.action)} from the drafter checkpoint "
                                 f"{profile.drafter.id} (profile drafter.*; a checkpoint outranks every rule)")
+    for c in method_constraints(profile):
+        by_param.setdefault(c.action.param, []).append(c)
+        plan.resolutions.append(f"{c.action.param}: {_show(c.action)}: the methods this deployment has drafters for "
+                                "(profile drafter.available; they outrank every rule)")
     for param in sorted(by_param):
         _resolve(param, by_param[param], plan)
     if feasible:
@@ -230,6 +234,14 @@ def checkpoint_constraints(profile: Profile) -> list[_Contrib]:
     if d.block_size:
         acts.append({"param": "spec.block_size", "range": [1, d.block_size]})
     return [_Contrib(label, CHECKPOINT_PRIORITY, 1, Action.model_validate(a)) for a in acts]
+
+
+def method_constraints(profile: Profile) -> list[_Contrib]:
+    """`spec.method` restricted to what the deployment can run (kb/method_choice.py)."""
+    from kb.method_choice import DEPLOYMENT_PRIORITY, method_actions
+
+    return [_Contrib("drafter:available", DEPLOYMENT_PRIORITY, 1, Action.model_validate(a))
+            for a in method_actions(profile)]
 
 
 def _resolve(param: str, contribs: list[_Contrib], plan: Plan) -> None:

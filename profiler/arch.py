@@ -34,6 +34,15 @@ _FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                     "n_shared_experts": 1, "moe_layer_freq": 1, "num_experts_per_tok": 8}),
     "deepseek_v2": ("deepseek_v2", {"tie_word_embeddings": False, "first_k_dense_replace": 0,
                                     "moe_layer_freq": 1}),
+    # Kimi-K2.x ships model_type kimi_k2 with DeepSeek-V3's architecture (architectures: DeepseekV3ForCausalLM)
+    "kimi_k2": ("deepseek_v3", {"tie_word_embeddings": False, "first_k_dense_replace": 3,
+                                "n_shared_experts": 1, "moe_layer_freq": 1, "num_experts_per_tok": 8}),
+    # families whose layers differ: profiler/arch_families.py sums them
+    "gpt_oss": ("gpt_oss", {"tie_word_embeddings": False, "num_local_experts": 32, "num_experts_per_tok": 4}),
+    "llama4_text": ("llama4", {"tie_word_embeddings": False, "interleave_moe_layer_step": 1}),
+    "deepseek_v4": ("deepseek_v4", {"tie_word_embeddings": False, "n_shared_experts": 1, "num_hash_layers": 0}),
+    "gemma4_text": ("gemma4", {"tie_word_embeddings": True, "head_dim": 256}),
+    "qwen3_next": ("qwen3_next", {"tie_word_embeddings": False, "decoder_sparse_step": 1}),
 }
 _ARCH_TO_TYPE = {  # `architectures[0]` -> model_type, for configs that lack model_type
     "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "MixtralForCausalLM": "mixtral",
@@ -41,8 +50,12 @@ _ARCH_TO_TYPE = {  # `architectures[0]` -> model_type, for configs that lack mod
     "Qwen3MoeForCausalLM": "qwen3_moe", "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3_text", "Gemma3ForConditionalGeneration": "gemma3",
     "DeepseekV3ForCausalLM": "deepseek_v3", "DeepseekV2ForCausalLM": "deepseek_v2",
+    "GptOssForCausalLM": "gpt_oss", "Llama4ForConditionalGeneration": "llama4", "DeepseekV4ForCausalLM": "deepseek_v4",
+    "Gemma4ForConditionalGeneration": "gemma4", "Qwen3NextForCausalLM": "qwen3_next",
+    "KimiK25ForConditionalGeneration": "kimi_k25",
 }
-_MULTIMODAL = {"gemma3"}  # model types whose language model sits in `text_config`
+# model types whose language model sits in `text_config` (the vision tower beside it)
+_MULTIMODAL = {"gemma3", "gemma4", "llama4", "kimi_k25"}
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,16 @@ class ArchSpec:
     sliding_window: int | None = None  # local-attention window of the sliding layers, if any
     sliding_layers: int = 0  # how many layers attend only within `sliding_window`
     vision_params: int = 0  # parameters of a vision tower + projector (multimodal checkpoints)
+    # layer-by-layer architectures (profiler/arch_families.py); 0 / False: the uniform formulas apply
+    attn_params: int = 0  # attention parameters summed over all layers, when layers differ
+    extra_params: int = 0  # parameters outside the standard parts (sinks, hyper-connections, extra norms, scales)
+    expert_bias: bool = False  # routed experts carry biases (gpt-oss)
+    dense_mlp_in_moe_layers: bool = False  # MoE layers also run the dense MLP (Gemma-4's enable_moe_block)
+    kv_elems_per_token: float = 0.0  # cache elements one token adds over all layers (compressed / hybrid caches)
+    state_elems: float = 0.0  # per-request cache state that does not grow with context (recurrent state, windows)
+    attn_ctx_flops: float = 0.0  # decode attention FLOPs per token per context token, summed over layers
+    linear_attn_layers: int = 0  # layers without a KV cache (linear / recurrent attention)
+    mtp_modules: int = 0  # multi-token-prediction modules shipped with the checkpoint (num_nextn_predict_layers)
     notes: tuple[str, ...] = field(default=())  # what the reader inferred or defaulted
 
     @property
@@ -159,6 +182,7 @@ def read_config(raw: dict[str, Any], where: str = "config.json") -> ArchSpec:
     cfg = raw
     vision = 0
     vision_cfg: VisionConfig | None = None
+    other_vision: dict[str, Any] | None = None  # a non-SigLIP tower, counted approximately (arch_families)
     if model_type in _MULTIMODAL:
         text = dict(raw.get("text_config") or {})
         if not text:
@@ -166,9 +190,13 @@ def read_config(raw: dict[str, Any], where: str = "config.json") -> ArchSpec:
         check(TopLevel, text, f"{where}: text_config")
         model_type = text.get("model_type") or f"{model_type}_text"
         vc = raw.get("vision_config")
-        if vc:
+        if vc and model_type == "gemma3_text":
             vision_cfg = check(VisionConfig, vc, f"{where}: vision_config")
             notes.append("vision tower counted in params_total, not in params_active")
+        elif isinstance(vc, dict):
+            other_vision = check(VisionConfig, vc, f"{where}: vision_config").model_dump() | vc
+            notes.append("vision tower counted approximately in params_total (attention + MLP blocks at its width), "
+                         "not in params_active")
         cfg = {**text, "torch_dtype": raw.get("torch_dtype", raw.get("dtype"))}
     if model_type not in _FAMILIES:
         known = ", ".join(sorted(_FAMILIES))
@@ -176,9 +204,24 @@ def read_config(raw: dict[str, Any], where: str = "config.json") -> ArchSpec:
                            f"architectures={raw.get('architectures')!r}); supported model types: {known}")
     family, defaults = _FAMILIES[model_type]
     cfg = {**defaults, **{k: v for k, v in cfg.items() if v is not None}}
-    check(ProfilerConfig, cfg, where)  # every field read below is typed and bounded from here on
+    if family == "deepseek_v4" and "intermediate_size" not in cfg:  # every layer is MoE: no dense width
+        cfg["intermediate_size"] = cfg.get("moe_intermediate_size")
+    rope = cfg.get("rope_scaling")
+    if (family == "llama4" and isinstance(rope, dict) and rope.get("rope_type") == "llama3"
+            and rope.get("high_freq_factor") is not None
+            and rope.get("high_freq_factor") == rope.get("low_freq_factor")):
+        # Llama-4-Scout's published rope_scaling has high_freq_factor == low_freq_factor (1.0): transformers accepts it
+        # with a warning, the engine's bound refuses it; nothing here reads RoPE scaling, so the rest is checked
+        check(ProfilerConfig, {k: v for k, v in cfg.items() if k != "rope_scaling"}, where)
+        notes.append("rope_scaling has high_freq_factor == low_freq_factor (as published); not read")
+    else:
+        check(ProfilerConfig, cfg, where)  # every field read below is typed and bounded from here on
     if vision_cfg is not None:
         vision = _vision_params(vision_cfg, int(cfg["hidden_size"]))
+    elif other_vision is not None:
+        from profiler.arch_families import vision_params
+
+        vision = vision_params(other_vision)
 
     hidden = _need(cfg, "hidden_size", where)
     layers = _need(cfg, "num_hidden_layers", where)
@@ -198,13 +241,14 @@ def read_config(raw: dict[str, Any], where: str = "config.json") -> ArchSpec:
     qkv_bias = o_bias = False
     if family in ("qwen2", "qwen2_moe"):
         qkv_bias = True  # Qwen2 always has q/k/v bias and no o bias
-    elif family in ("llama", "qwen3", "gemma", "gemma2", "gemma3", "deepseek_v3", "deepseek_v2"):
+    elif family in ("llama", "qwen3", "gemma", "gemma2", "gemma3", "deepseek_v3", "deepseek_v2", "gpt_oss",
+                    "llama4", "gemma4", "qwen3_next", "deepseek_v4"):
         qkv_bias = o_bias = bool(cfg.get("attention_bias", False))
     mlp_bias = bool(cfg.get("mlp_bias", False)) if family == "llama" else False
 
     # MoE, three spellings
     num_experts = int(_get(cfg, "num_experts", "num_local_experts", "n_routed_experts", default=0) or 0)
-    top_k = int(_get(cfg, "num_experts_per_tok", default=0) or 0) if num_experts else 0
+    top_k = int(_get(cfg, "num_experts_per_tok", "top_k_experts", default=0) or 0) if num_experts else 0
     moe_inter = int(_get(cfg, "moe_intermediate_size", default=inter)) if num_experts else 0
     shared = 0
     shared_gate = False
@@ -248,7 +292,7 @@ def read_config(raw: dict[str, Any], where: str = "config.json") -> ArchSpec:
             sliding = sum(1 for i in range(layers) if (i + 1) % pattern)
         else:
             sliding = layers
-    return ArchSpec(
+    fields: dict[str, Any] = dict(
         model_type=model_type, family=family, num_layers=layers, hidden=hidden, intermediate=inter,
         vocab=vocab, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
         tied=bool(cfg.get("tie_word_embeddings", True)), qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=mlp_bias,
@@ -259,5 +303,27 @@ def read_config(raw: dict[str, Any], where: str = "config.json") -> ArchSpec:
         router_bias=family == "deepseek_v3" and num_experts > 0, moe_layers=moe_layers,
         q_lora_rank=q_lora, kv_lora_rank=kv_lora, qk_nope_head_dim=nope, qk_rope_head_dim=rope,
         v_head_dim=v_dim, sliding_window=int(window) if window else None, sliding_layers=sliding,
-        vision_params=vision, notes=tuple(notes),
+        vision_params=vision, mtp_modules=int(cfg.get("num_nextn_predict_layers") or 0),
     )
+    if family in _LAYERWISE:
+        from profiler import arch_families
+
+        extra = getattr(arch_families, family)(cfg, where)
+        if "dense_intermediate" in extra:
+            fields["intermediate"] = extra.pop("dense_intermediate")
+        for k in ("index_topk", "csa_layers", "hca_layers"):  # DeepSeek-V4 facts the counts already used
+            extra.pop(k, None)
+        if family == "deepseek_v4":
+            extra["shared_intermediate"] = int(cfg.get("n_shared_experts") or 0) * moe_inter
+            notes.append("DeepSeek-V4: the KV cache is the compressed entries (CSA 1:4 + indexer keys, HCA 1:128); "
+                         "the 128-token sliding window is per-request state; attention FLOPs over CSA entries are "
+                         "not capped at index_topk")
+        if family == "llama4" and extra.get("sliding_window"):
+            notes.append("Llama-4: chunked local attention (attention_chunk_size) modelled as a sliding window")
+        fields.update(extra)
+        if fields.get("sliding_window") is not None:
+            fields["sliding_window"] = int(fields["sliding_window"])
+    return ArchSpec(**fields, notes=tuple(notes))
+
+
+_LAYERWISE = ("gpt_oss", "llama4", "deepseek_v4", "gemma4", "qwen3_next")  # read by profiler/arch_families.py

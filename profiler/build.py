@@ -23,6 +23,7 @@ from profiler.model import (
     count_params,
     flops_per_token,
     kv_bytes_per_token,
+    kv_state_bytes,
     prefill_flops_per_token,
     weight_bytes,
 )
@@ -135,6 +136,8 @@ def model_profile(spec: ArchSpec, name: str, source: str, wl: WorkloadProfile) -
         expert_params=float(c.expert) if c.num_moe_layers else None,
         shared_expert_params=float(c.shared) if c.num_moe_layers else None,
         kv_lora_rank=spec.kv_lora_rank or None, sliding_window=spec.sliding_window, dtype=spec.dtype,
+        kv_state_bytes=kv_state_bytes(spec, "bf16") or None, linear_attn_layers=spec.linear_attn_layers or None,
+        mtp_modules=spec.mtp_modules or None,
     )
 
 
@@ -242,8 +245,15 @@ def build_profile(model: str | None, gpu: str | None, workload: str | WorkloadPr
         from profiler.drafter import drafter_profile
 
         committed = committed_assets(mp.source) if mp.source else None
-        profile.drafter, d_notes = drafter_profile(drafter, mp.name, committed)
+        profile.drafter, d_notes = drafter_profile(drafter, mp.name, committed, mp.mtp_modules)
         notes += d_notes
+        if committed is None:  # a published drafter's own acceptance on this domain (committed ones are measured)
+            from profiler.drafter import published_acceptance
+
+            accept, a_notes = published_acceptance(profile.drafter, mp.name, wl.domain)
+            notes += a_notes
+            if accept is not None:
+                profile.accept = accept
         if committed is not None and drafter in (None, "auto") and profile.drafter.id:
             from profiler.drafter import committed_policies, measured_acceptance
 

@@ -1,18 +1,39 @@
-"""Which DSpark drafter the deployment runs: a published one for the model, a folder, the tiny drafters, or none.
+"""Which drafter the deployment runs: a published one for the model (any method), a folder, the tiny drafters, or none.
 
-`--drafter` takes `auto` (the default: the model's published drafter from profiler/catalog/drafters.yaml, the
-committed tiny drafters for the tiny target, else none), `none` (train one for the tuned configuration), or a
-drafter folder in the engines' layout (what `train-drafter` writes). The profile's `drafter.*` then fixes what a
-checkpoint fixes (kb/match.py): its head, its depth and the longest block it can draft.
+`--drafter` takes
+- `auto` (the default): the committed drafters of the tiny target / a fetched model, else the model's first published
+  drafter in the order dspark > eagle3 > mtp > dflash > draft_model (profiler/catalog/drafters.yaml, AUTO_ORDER),
+  else none;
+- `none`: no checkpoint (the plan searches a DSpark design to train, `train-drafter`);
+- a method name (`dspark`, `eagle3`, `mtp`, `dflash`, `draft_model`): the model's first published drafter of it;
+  `ngram` / `suffix`: no checkpoint, proposals looked up in the text on the host;
+- a catalogue drafter id (`profile --list-drafters`) of this model;
+- a DSpark drafter folder in the engines' layout (what `train-drafter` writes).
+A DSpark checkpoint fixes what it fixes (kb/match.py: head, depth, longest block): only then is `drafter.id` set.
+`drafter.method` and the architecture fields describe any method; `drafter.available` lists what the deployment
+can run. A published drafter's acceptance for the workload's domain goes to `accept.*` (published_acceptance) when
+nothing was measured.
 """
 
 from __future__ import annotations
 
+import re
+from functools import cache
 from pathlib import Path
 
-from profiler.catalog import published_drafter
+from profiler.catalog import (
+    AUTO_ORDER,
+    DRAFTER_METHODS,
+    HOST_METHODS,
+    DrafterEntry,
+    drafters,
+    drafters_for,
+    published_drafter,
+)
 from profiler.errors import ProfileError
 from profiler.schema import AcceptProfile, DrafterProfile, HwProfile
+
+ROOT = Path(__file__).resolve().parents[1]
 
 HEAD_ORDER = ("none", "markov", "rnn")
 ACCEPTANCE_FILE = "acceptance.json"  # measured acceptance beside a committed drafter (bench --record-acceptance)
@@ -106,27 +127,143 @@ def folder_drafter(path: Path) -> DrafterProfile:
                           confidence_head=True)
 
 
-def drafter_profile(choice: str | None, model_name: str | None, committed: Path | None
-                    ) -> tuple[DrafterProfile, list[str]]:
+def available_methods(model_name: str | None, mtp_modules: int | None = None) -> list[str]:
+    """What a deployment of this model can run: its published drafters' methods (plus mtp when its config.json
+    declares MTP modules: they ship inside the target checkpoint), then ngram, suffix, none."""
+    got = {d.method for d in drafters_for(model_name)}
+    if mtp_modules:
+        got.add("mtp")
+    return [m for m in AUTO_ORDER if m in got] + [*HOST_METHODS, "none"]
+
+
+def config_mtp(model_name: str | None, mtp_modules: int, chosen: str | None, available: list[str]) -> DrafterProfile:
+    """drafter.* of the MTP modules a config.json declares (num_nextn_predict_layers) when the catalogue lists no
+    MTP drafter for the model: one target-shaped layer per module, in the target's own checkpoint."""
+    return DrafterProfile(chosen=chosen, method="mtp", checkpoint=model_name, layers=1, mtp_modules=mtp_modules,
+                          trained_steps=mtp_modules, available=available,
+                          source=f"config.json num_nextn_predict_layers {mtp_modules} (modules in the target "
+                                 "checkpoint)")
+
+
+def entry_profile(d: DrafterEntry, chosen: str | None, available: list[str]) -> DrafterProfile:
+    """drafter.* of a catalogue drafter; only a DSpark checkpoint sets `id` (what the bundle deploys and the plan
+    takes as fixed), a DFlash one its head / block facts without them."""
+    dspark = d.method == "dspark"
+    block = d.method in ("dspark", "dflash")
+    return DrafterProfile(
+        chosen=chosen, id=d.id if dspark else None, source=d.source, heads=[d.head] if d.head else None,
+        layers=d.layers, block_size=d.block_size if block else None, markov_rank=d.markov_rank if dspark else None,
+        confidence_head=d.confidence_head, method=d.method, checkpoint=d.id, draft_hidden=d.hidden,
+        draft_intermediate=d.intermediate, draft_vocab=d.draft_vocab, draft_model=d.draft_model,
+        mtp_modules=d.mtp_modules, trained_steps=d.trained_steps, target_layers=d.target_layers, available=available)
+
+
+def _choices(model_name: str | None, available: list[str]) -> str:
+    ids = [d.id for d in drafters_for(model_name)]
+    more = f", a catalogue id ({', '.join(ids)})" if ids else ""
+    return f"auto, {', '.join(available)}{more} or a DSpark drafter folder"
+
+
+def _no_method(choice: str, model_name: str | None) -> str:
+    """Why `--drafter METHOD` has nothing to run for this model (MTP: its config.json declares no modules)."""
+    who = model_name or "this model"
+    if choice == "mtp":
+        return (f"{who}'s config.json declares no MTP modules (num_nextn_predict_layers) and no published MTP "
+                "drafter is catalogued for it")
+    return f"no published {choice} drafter for {who}"
+
+
+def drafter_profile(choice: str | None, model_name: str | None, committed: Path | None,
+                    mtp_modules: int | None = None) -> tuple[DrafterProfile, list[str]]:
     """The drafter section for `--drafter choice` (None or "auto": what exists for this model; `committed`: the
-    folder of the model's committed drafters, for the tiny target and fetched models)."""
+    folder of the model's committed drafters, for the tiny target and fetched models; `mtp_modules`: the MTP
+    modules the model's config.json declares, 0 / None: none)."""
+    available = available_methods(model_name, mtp_modules)
+    if choice is not None and choice.lower() in (*HOST_METHODS, *DRAFTER_METHODS):
+        choice = choice.lower()
+    if choice in HOST_METHODS:
+        return DrafterProfile(chosen=choice, method=choice, available=available), [
+            f"drafter: {choice} (proposals looked up in the prompt and output on the host; no checkpoint)"]
+    if choice in DRAFTER_METHODS:
+        pub = published_drafter(model_name, choice)
+        if pub is None and choice == "mtp" and mtp_modules:
+            return config_mtp(model_name, mtp_modules, choice, available), [
+                f"drafter: mtp, the {mtp_modules} module(s) config.json declares (num_nextn_predict_layers)"]
+        if pub is None:
+            raise ProfileError(f"--drafter {choice}: {_no_method(choice, model_name)}; "
+                               f"give {_choices(model_name, available)}")
+        return entry_profile(pub, choice, available), [f"drafter: {pub.id} ({pub.method}; {pub.source})"[:300]]
     if choice and choice not in ("auto", "none"):
+        by_id = next((d for d in drafters_for(model_name) if d.id.lower() == choice.lower()), None)
+        if by_id is not None:
+            return entry_profile(by_id, choice, available), [f"drafter: {by_id.id} ({by_id.method})"]
         p = Path(choice).expanduser()
         if not p.is_dir():
-            raise ProfileError(f"--drafter {choice}: no such folder; give auto, none or a drafter folder "
-                               "(train one with `python cli.py train-drafter`)")
-        return folder_drafter(p).model_copy(update={"chosen": str(p.resolve())}), []
+            other = next((d for d in drafters() if d.id.lower() == choice.lower()), None)
+            why = (f"a drafter of {other.target}, not of {model_name}" if other is not None else
+                   "no such folder or catalogue drafter")
+            raise ProfileError(f"--drafter {choice}: {why}; give {_choices(model_name, available)} "
+                               "(see `profile --list-drafters`)")
+        prof = folder_drafter(p).model_copy(update={"chosen": str(p.resolve()), "method": "dspark",
+                                                    "checkpoint": str(p.resolve()), "available": available})
+        return prof, []
     if choice == "none":
-        return DrafterProfile(chosen="none"), ["no drafter chosen (--drafter none): the plan searches head, depth "
-                                               "and block; train the tuned one with `python cli.py train-drafter`"]
+        return DrafterProfile(chosen="none", available=available), [
+            "no drafter chosen (--drafter none): the plan searches head, depth and block; train the tuned one with "
+            "`python cli.py train-drafter`"]
     if committed is not None:
         mine = committed_drafters(committed)
         if mine is not None:
-            return mine, []
-    pub = published_drafter(model_name)
+            return mine.model_copy(update={"method": "dspark", "checkpoint": mine.id, "available": available}), []
+    pub = published_drafter(model_name, None)
+    if pub is None and mtp_modules:
+        return config_mtp(model_name, mtp_modules, None, available), [
+            f"drafter: mtp, the {mtp_modules} module(s) config.json declares (no published drafter catalogued)"]
     if pub is None:
-        return DrafterProfile(), [f"no published DSpark drafter for {model_name or 'this model'}: the plan searches "
-                                  "head, depth and block; the bundle needs DRAFT_MODEL_PATH to one trained for them"]
-    return DrafterProfile(id=pub.id, source=pub.source, heads=[pub.head], layers=pub.layers,
-                          block_size=pub.block_size, markov_rank=pub.markov_rank,
-                          confidence_head=pub.confidence_head), [f"drafter: {pub.id} ({pub.source})"]
+        return DrafterProfile(available=available), [
+            f"no published drafter for {model_name or 'this model'}: the plan searches head, depth and block; the "
+            "bundle needs DRAFT_MODEL_PATH to one trained for them (or --drafter ngram / suffix)"]
+    return entry_profile(pub, None, available), [f"drafter: {pub.id} ({pub.method}; {pub.source})"[:300]]
+
+
+@cache
+def _priors_table(path: str) -> dict:
+    import yaml
+
+    return yaml.safe_load((ROOT / path).read_text()) or {}
+
+
+DOMAIN_COLUMNS = ("math", "code", "chat", "mixed")  # acceptance_priors.yaml domain_means columns (all9 = mixed)
+
+
+def published_acceptance(drafter: DrafterProfile, model_name: str | None, domain: str | None
+                         ) -> tuple[AcceptProfile | None, list[str]]:
+    """accept.* from the chosen catalogue drafter's published acceptance on the workload's domain (falling back to
+    its `mixed` figure), or None. DSpark drafters are left to the simulator's Table 1 priors, as before."""
+    if not drafter.checkpoint or drafter.method in (None, "dspark", *HOST_METHODS):
+        return None, []
+    entry = next((d for d in drafters_for(model_name) if d.id == drafter.checkpoint), None)
+    if entry is None:
+        return None, []
+    want = domain or "mixed"
+    if entry.acceptance_ref is not None:
+        ref = entry.acceptance_ref
+        row = (_priors_table(ref.file).get(ref.table) or {}).get(ref.model, {}).get(ref.method)
+        if not row:
+            return None, [f"acceptance of {entry.id}: {ref.file} has no {ref.table}.{ref.model}.{ref.method}"]
+        col = DOMAIN_COLUMNS.index(want) if want in DOMAIN_COLUMNS else 3
+        src = (f"published: DSpark paper Table 1 ({ref.model} {ref.method}, {want} mean, {ref.steps} steps, "
+               f"T={ref.temperature}) via {ref.file} {ref.table}")
+        return AcceptProfile(drafter=entry.id, gamma=ref.steps, tau=float(row[col]), source=src, domain=want,
+                             method=entry.method), [f"accept.*: {src}"]
+    rows = [a for a in entry.acceptance if a.domain == want and a.tau is not None] or \
+        [a for a in entry.acceptance if a.domain == "mixed" and a.tau is not None]
+    if not rows:
+        return None, [f"no published acceptance of {entry.id} on {want}: the simulator uses its method prior"]
+    a = rows[0]
+    taus = {k: float(v) for k, v in (a.tau_at_steps or {}).items()} or None
+    src = f"published ({a.reported_by}): {a.source}; {a.dataset}"
+    note = "" if a.domain == want else f" ({want} not published; the {a.domain} figure)"
+    return AcceptProfile(drafter=entry.id, gamma=a.steps, tau=a.tau, tau_at_gamma=taus,
+                         position_acceptance=a.per_position, source=re.sub(r"\s+", " ", src)[:400],
+                         domain=a.domain, method=entry.method), [f"accept.*: {entry.id} tau {a.tau} at {a.steps}{note}"]

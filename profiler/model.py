@@ -45,6 +45,9 @@ class ParamCounts:
     num_moe_layers: int
     experts: int  # routed experts per MoE layer
     top_k: int
+    attn_all: int = -1  # attention of all layers when they differ (-1: layers x attn_per_layer)
+    extra: int = 0  # parameters outside these parts (sinks, hyper-connections, extra norms), all active
+    dense_mlp_layers: int = -1  # layers that run the dense MLP (-1: the dense layers)
 
     @property
     def moe_layer_total(self) -> int:
@@ -55,10 +58,16 @@ class ParamCounts:
         return self.router + self.top_k * self.expert + self.shared
 
     @property
-    def layers_common(self) -> int:
-        """Attention and norms of all layers plus the dense MLPs."""
+    def attn_total(self) -> int:
         n = self.num_dense_layers + self.num_moe_layers
-        return n * (self.attn_per_layer + self.norms_per_layer) + self.num_dense_layers * self.dense_mlp
+        return self.attn_all if self.attn_all >= 0 else n * self.attn_per_layer
+
+    @property
+    def layers_common(self) -> int:
+        """Attention and norms of all layers plus the dense MLPs (and what else every token passes through)."""
+        n = self.num_dense_layers + self.num_moe_layers
+        mlp_layers = self.dense_mlp_layers if self.dense_mlp_layers >= 0 else self.num_dense_layers
+        return self.attn_total + n * self.norms_per_layer + mlp_layers * self.dense_mlp + self.extra
 
     @property
     def total(self) -> int:
@@ -109,14 +118,19 @@ def count_params(s: ArchSpec) -> ParamCounts:
             attn += 2 * s.head_dim
     dense_mlp = 3 * h * s.intermediate + ((2 * s.intermediate + h) if s.mlp_bias else 0)
     n_moe = len(s.moe_layers) if s.is_moe else 0
-    expert = 3 * h * s.moe_intermediate if n_moe else 0
+    expert = 3 * h * s.moe_intermediate + ((2 * s.moe_intermediate + h) if s.expert_bias else 0) if n_moe else 0
     router = (s.num_experts * h + (s.num_experts if s.router_bias else 0)) if n_moe else 0
     shared = (3 * h * s.shared_intermediate + (h if s.shared_expert_gate else 0)) if n_moe else 0
+    attn_all = s.attn_params if s.attn_params else -1
+    if attn_all > 0:
+        attn = attn_all // max(1, s.num_layers)
     return ParamCounts(
         attn_per_layer=attn, norms_per_layer=s.norms_per_layer * h, dense_mlp=dense_mlp, expert=expert,
         router=router, shared=shared, embedding=s.vocab * h, lm_head=0 if s.tied else s.vocab * h,
         final_norm=h, vision=s.vision_params, num_dense_layers=s.num_layers - n_moe, num_moe_layers=n_moe,
         experts=s.num_experts if n_moe else 0, top_k=s.experts_per_token if n_moe else 0,
+        attn_all=attn_all, extra=s.extra_params,
+        dense_mlp_layers=s.num_layers if s.dense_mlp_in_moe_layers else -1,
     )
 
 
@@ -132,13 +146,22 @@ def weight_bytes(s: ArchSpec, dtype: str) -> float:
 def kv_bytes_per_token(s: ArchSpec, dtype: str) -> float:
     """KV-cache bytes one token occupies over all layers (MLA caches the latent + RoPE key)."""
     per_elem = DTYPE_BYTES[dtype]
+    if s.kv_elems_per_token:  # compressed / hybrid caches (profiler/arch_families.py)
+        return s.kv_elems_per_token * per_elem
     if s.is_mla:
         return s.num_layers * (s.kv_lora_rank + s.qk_rope_head_dim) * per_elem
     return 2.0 * s.num_layers * s.num_kv_heads * s.head_dim * per_elem
 
 
+def kv_state_bytes(s: ArchSpec, dtype: str) -> float:
+    """Per-request cache state that does not grow with the context (linear-attention state, DeepSeek-V4's window)."""
+    return s.state_elems * DTYPE_BYTES[dtype]
+
+
 def attn_flops_per_ctx(s: ArchSpec, phase: str) -> float:
     """Attention FLOPs per token per context token, summed over layers (before windowing)."""
+    if s.attn_ctx_flops:  # layer-by-layer architectures: summed by profiler/arch_families.py (decode form)
+        return s.attn_ctx_flops
     if s.is_mla:
         if phase == "decode":  # absorbed: scores over latent+rope, values from the latent
             per_head = (s.kv_lora_rank + s.qk_rope_head_dim) + s.kv_lora_rank

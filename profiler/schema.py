@@ -17,7 +17,8 @@ GIB = 2**30  # bytes in the GiB that hw.memory_gb counts
 
 ModelArch = Literal["dense", "moe"]
 Attention = Literal["mha", "gqa", "mqa", "mla"]
-HwArch = Literal["ampere", "ada", "hopper", "blackwell", "cdna3", "cpu"]
+HwArch = Literal["ampere", "ada", "hopper", "blackwell", "cdna3", "cpu"]  # CDNA4 (MI350X/MI355X) rows use cdna3
+DrafterMethod = Literal["dspark", "dflash", "eagle3", "mtp", "draft_model", "ngram", "suffix"]
 Domain = Literal["chat", "code", "math", "mixed"]
 Bound = Literal["memory", "compute"]
 Quality = Literal["standard", "relaxed"]  # accuracy floor of a deployment (see WorkloadProfile.quality)
@@ -70,6 +71,10 @@ class ModelProfile(_Strict):
     expert_params: float | None = None  # parameters of one routed expert
     shared_expert_params: float | None = None  # always-on shared expert parameters per MoE layer
     kv_lora_rank: int | None = None  # MLA latent width (the KV cache holds this + the RoPE key)
+    kv_state_bytes: float | None = None  # bf16 per-request cache state that does not grow with context (linear-
+    # attention recurrent + conv state, DeepSeek-V4's sliding window); kv_bytes_per_token is the growing part
+    linear_attn_layers: int | None = None  # layers without a KV cache (Qwen3-Next's Gated DeltaNet)
+    mtp_modules: int | None = None  # MTP modules the config declares (num_nextn_predict_layers)
     sliding_window: int | None = None  # local attention window of the sliding layers, if any
     dtype: str | None = None  # checkpoint dtype from config.json (torch_dtype / dtype)
     census_source: str | None = None  # where model.ops came from: export, cache, catalog, onnx file
@@ -151,6 +156,7 @@ class AcceptProfile(_Strict):
     source: str | None = None  # "measured: <command>" or "prior: <paper section>"
     domain: str | None = None  # workload domain of the measurement (code, chat, ...)
     per_head: dict[str, list[float]] | None = None  # measured position_acceptance per sequential head (same gamma)
+    method: DrafterMethod | None = None  # the drafting method these figures belong to (drafter.method when published)
 
 
 class DrafterProfile(_Strict):
@@ -169,6 +175,19 @@ class DrafterProfile(_Strict):
     # spec.scheduler / spec.gamma_policy `learned` only with one): train-policy / train-gamma-policy JSON
     verify_policy: str | None = None  # learned verify length (spec.scheduler: learned)
     gamma_policy: str | None = None  # learned block length (spec.gamma_policy: learned)
+    # every method (profiler/catalog/drafters.yaml). `id` stays the DSpark checkpoint the bundle deploys (set only
+    # for method dspark); `checkpoint` names any method's drafter
+    method: DrafterMethod | None = None  # how it drafts: dspark | dflash | eagle3 | mtp | draft_model | ngram | suffix
+    checkpoint: str | None = None  # the drafter's Hugging Face id or folder, any method (MTP: the target's own)
+    draft_hidden: int | None = None  # width of the draft network (EAGLE-3: the target's hidden size)
+    draft_intermediate: int | None = None  # MLP width of the draft layer (EAGLE-3)
+    draft_vocab: int | None = None  # LM-head vocabulary of the draft (EAGLE-3's d2t; the target's when full)
+    draft_model: str | None = None  # draft_model: the catalogue name of the small model (its profile prices it)
+    mtp_modules: int | None = None  # MTP: modules the checkpoint ships (chained for deeper drafts)
+    trained_steps: int | None = None  # draft tokens per round it was trained for (DSpark block, EAGLE-3 TTT steps)
+    target_layers: list[int] | None = None  # target layers whose hidden states it reads (HF numbering)
+    available: list[str] | None = None  # methods this deployment can run: the model's published drafters' + ngram,
+    # suffix, none
 
 
 class Derived(_Strict):

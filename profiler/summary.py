@@ -82,7 +82,11 @@ def render_profile(p: Profile, console: Console, profile_id: int | None = None) 
             _kv(t, "weights", f"bf16 {_gb(wb.bf16)}, fp8 {_gb(wb.fp8)}, int8 {_gb(wb.int8)}, int4 {_gb(wb.int4)}")
         if m.kv_bytes_per_token:
             kv = m.kv_bytes_per_token
-            _kv(t, "KV / token", f"bf16 {kv.bf16 / 1024:.1f} KiB, fp8 {kv.fp8 / 1024:.1f} KiB")
+            state = f"; + {_gb(m.kv_state_bytes)} bf16 state per request" if m.kv_state_bytes else ""
+            linear = f" ({m.linear_attn_layers} layers without KV)" if m.linear_attn_layers else ""
+            _kv(t, "KV / token", f"bf16 {kv.bf16 / 1024:.1f} KiB, fp8 {kv.fp8 / 1024:.1f} KiB{linear}{state}")
+        if m.mtp_modules:
+            _kv(t, "MTP", f"{m.mtp_modules} module(s) in the checkpoint (config.json num_nextn_predict_layers)")
         if m.flops_per_token:
             f = m.flops_per_token
             _kv(t, "FLOPs / token", f"prefill {_n(f.prefill)}, decode {_n(f.decode)} "
@@ -118,18 +122,27 @@ def render_profile(p: Profile, console: Console, profile_id: int | None = None) 
         _kv(t, "entropy", f"mean {w.entropy.mean:.3f} nats, p90 {w.entropy.p90:.3f}")
     parts.append(t)
     dr, acc = p.drafter, p.accept
-    if dr.id or acc.tau:
+    if dr.id or dr.method or acc.tau:
         t = _table("Drafter")
         if dr.id:
             _kv(t, "checkpoint", f"{dr.id} (heads {', '.join(dr.heads or []) or '-'}, {dr.layers} layers, block "
                                  f"{dr.block_size}, rank {dr.markov_rank})")
+        elif dr.method:
+            facts = ", ".join(f"{k} {v}" for k, v in (("layers", dr.layers), ("block", dr.block_size),
+                                                       ("vocab", dr.draft_vocab), ("modules", dr.mtp_modules),
+                                                       ("draft", dr.draft_model), ("steps", dr.trained_steps))
+                              if v is not None)
+            _kv(t, "method", f"{dr.method}: {dr.checkpoint or 'no checkpoint'}" + (f" ({facts})" if facts else ""))
+        if dr.available:
+            _kv(t, "can run", ", ".join(dr.available))
         if acc.tau:
             pa = " ".join(f"{x:.2f}" for x in acc.position_acceptance or [])
-            _kv(t, "acceptance", f"tau {acc.tau:.2f} at gamma {acc.gamma} on {acc.domain or '-'} ({acc.drafter}); "
-                                 f"per position {pa}")
+            by_k = " ".join(f"K={k}: {v:g}" for k, v in (acc.tau_at_gamma or {}).items())
+            more = f"; per position {pa}" if pa else (f"; {by_k}" if by_k else "")
+            _kv(t, "acceptance", f"tau {acc.tau:.2f} at gamma {acc.gamma} on {acc.domain or '-'} ({acc.drafter}){more}")
             for head, table in (acc.per_head or {}).items():
                 _kv(t, f"  {head}", " ".join(f"{x:.2f}" for x in table))
-            _kv(t, "measured by", acc.source or "-")
+            _kv(t, "measured by" if (acc.source or "").startswith("measured") else "source", acc.source or "-")
         parts.append(t)
     lines = verdict(p)
     if lines:

@@ -220,3 +220,62 @@ def acceptance_for(profile: Profile, head: str, kappa: float = 3.0, draft_layers
         return AcceptanceModel(_solve_first(acc.tau, decay, acc.gamma), decay, kappa,
                                f"measured: tau {acc.tau} at gamma {acc.gamma}")
     return _prior_model(domain, head, kappa, draft_layers)
+
+
+def with_tau(model: AcceptanceModel, tau: float, steps: int, source: str) -> AcceptanceModel:
+    """`model`'s per-position shape rescaled so that its tau at `steps` draft tokens is `tau` (estimate --tau)."""
+    if steps <= 0:
+        return model
+    tau = min(max(1.0, tau), steps + 1.0)
+    base = model.alphas(max(steps, 16))
+    table = _scaled(base, tau, steps)
+    return AcceptanceModel(table[0], model.decay, model.kappa, source, table)
+
+
+def method_prior(method: str, domain: str, kappa: float = 3.0) -> AcceptanceModel:
+    """The published prior of a method beyond DSpark / DFlash (acceptance_priors.yaml `method_priors`)."""
+    rows = _priors().get("method_priors") or {}
+    row = rows.get(method) or rows["eagle3"]
+    if row.get("same_as"):
+        base = method_prior(row["same_as"], domain, kappa)
+        return AcceptanceModel(base.first, base.decay, kappa, f"prior: {row['source']}", base.table)
+    src = f"prior: {row['source']}"
+    if "per_position" in row:  # EAGLE-3: the paper's curve on the domain, scaled to its Table 1 tau at 7
+        curves = row["per_position"]
+        pa = curves.get(domain) or [float(np.mean(c)) for c in zip(*curves.values(), strict=True)]
+        tau = float((row.get("per_domain_tau_at_7") or {}).get(domain, expected_tau(pa)))
+        table = _scaled(list(pa) + [pa[-1]] * 9, tau, REF_GAMMA)
+        return AcceptanceModel(table[0], 1.0, kappa, src, table)
+    if "tau_by_steps" in row:  # MTP: conditional acceptance solved from consecutive acceptance lengths
+        taus = row["tau_by_steps"]
+        steps = sorted(int(k) for k in taus)
+        table, surv, prev = [], 1.0, 1.0
+        for k in steps:
+            gain = max(1e-3, float(taus[k]) - prev)
+            table.append(min(0.999, gain / surv))
+            surv, prev = gain, float(taus[k])
+        return AcceptanceModel(table[0], min(1.0, table[-1] / max(1e-3, table[-2])) if len(table) > 1 else 0.9,
+                               kappa, src, tuple(table))
+    at = row["tau_at"]
+    decay = float(row.get("decay", 0.9))
+    return AcceptanceModel(_solve_first(float(at["tau"]), decay, int(at["steps"])), decay, kappa, src)
+
+
+def acceptance_of(profile: Profile, method: str, head: str = "markov", draft_layers: int | None = None,
+                  kappa: float = 3.0) -> AcceptanceModel:
+    """The acceptance model of the method a deployment runs: DSpark / DFlash through `acceptance_for`; the others
+    from the profile's accept.* when it belongs to that method's drafter (a catalogued or measured figure), else
+    their published prior."""
+    if method in ("dspark", "dflash"):
+        return acceptance_for(profile, head if method == "dspark" else "none", kappa, draft_layers)
+    acc = profile.accept
+    drafter = getattr(profile, "drafter", None)
+    mine = drafter is not None and getattr(drafter, "method", None) == method
+    if mine and acc.position_acceptance:
+        pa = list(acc.position_acceptance)
+        return AcceptanceModel(pa[0], _measured_decay(pa, 1.0), kappa,
+                               f"{acc.source or 'profile accept.*'}", table=tuple(pa))
+    if mine and acc.tau and acc.gamma:
+        base = method_prior(method, profile.workload.domain or "mixed", kappa)
+        return with_tau(base, acc.tau, acc.gamma, f"{acc.source or 'profile accept.*'}: tau {acc.tau} at {acc.gamma}")
+    return method_prior(method, profile.workload.domain or "mixed", kappa)

@@ -270,6 +270,28 @@ class AicPerfModel(PerfModel):
         return t * self.eff.draft_scale + self.eff.draft_request_s * requests
 
 
+    def seq_draft_step(self, d, rows: int, requests: int, context: float) -> float:  # noqa: ANN001 - methods.Drafting
+        """One step of a sequential drafter from the target's own op tables at `rows` rows: an MTP module is one
+        target layer (its MoE at the rows' routing) plus the shared LM head and the eh_proj GEMM; an EAGLE-3 layer
+        is the attention of one layer, a dense MLP of the draft's width, the fc over three target layers' states
+        and the LM head scaled to the draft vocabulary."""
+        assert self.aic is not None
+        s = self.shape
+        ops = self.aic.decode_ops(rows, requests, self._ctx(context))
+        head_ms = sum(ms for name, ms in ops if "logits" in name)
+        body = [(name, ms) for name, ms in ops if "logits" not in name and "embedding" not in name]
+        if d.method == "mtp":
+            layer_ms = sum(ms for _, ms in body) / s.num_layers + self.aic.gemm_ms(rows, s.hidden, 2 * s.hidden)
+        else:
+            ffn = ("moe", "router", "ffn", "mlp", "gate", "up", "down", "shared")
+            layer_ms = sum(ms for name, ms in body if not any(w in name.lower() for w in ffn)) / s.num_layers
+            width = max(1, (d.draft_intermediate or (s.mlp_width if not s.num_experts else 4 * s.hidden)) // self.tp)
+            layer_ms += self.aic.gemm_ms(rows, 2 * width, s.hidden) + self.aic.gemm_ms(rows, s.hidden, width)
+            layer_ms += self.aic.gemm_ms(rows, s.hidden, 3 * s.hidden)
+            head_ms *= (d.draft_vocab or s.vocab) / s.vocab
+        return (layer_ms * max(1, d.layers) + head_ms) / 1e3 + self.eff.overhead_s
+
+
 @dataclass
 class ScaledAicPerfModel(PerfModel):
     """A weight dtype AIC has not measured: AIC's price of the same forward in the nearest measured format (FP8 for
@@ -303,6 +325,10 @@ class ScaledAicPerfModel(PerfModel):
                    markov_rank: int = 256) -> float:
         assert self.ref is not None
         return self.ref.draft_step(requests, gamma, context, draft_layers, head, markov_rank)  # the drafter is bf16
+
+    def seq_draft_step(self, d, rows: int, requests: int, context: float) -> float:  # noqa: ANN001
+        assert self.ref is not None
+        return self.ref.seq_draft_step(d, rows, requests, context)
 
 
 def _nearest_measured(target: AicTarget, weights: str, kv: str) -> str | None:

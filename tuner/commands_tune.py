@@ -381,7 +381,9 @@ def _print_summary(s: dict[str, Any]) -> None:
                       f"p99 TPOT {m.get('tpot_p99_ms', 0):.2f} ms, "
                       f"p99 TTFT {m.get('ttft_p99_ms', 0):.0f} ms, tau {m.get('tau', 0):.2f}")
     p = s["params"]
-    console.print(f"  gamma {p['spec.block_size']}, head {p['spec.head']}, scheduler {p['spec.scheduler']}, "
+    method = p.get("spec.method", "dspark") if p.get("spec.enabled", True) else "none"
+    console.print(f"  method {method}, gamma {p['spec.block_size']}, head {p['spec.head']}, "
+                  f"scheduler {p['spec.scheduler']}, "
                   f"max requests {p['batch.max_requests']}, weights {p['weights.dtype']}, kv {p['kv.dtype']}, "
                   f"tp {p['parallel.tp']}")
     console.print(f"  bundle: {escape(str(s['out']))}/ ({', '.join(s['files'])})")

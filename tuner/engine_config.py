@@ -17,6 +17,8 @@ from tuner.errors import TunerError
 HF_URL = re.compile(r"^https?://huggingface\.co/([^/\s]+)/([^/\s]+)")
 SEQ_ALIGN = 256  # max_seq_len is rounded up to this many positions
 # a learned choice -> the profile's policy field, the command that trains one, the engine field that runs it
+# the speculative methods the bundled engine runs (spec.method -> its drafter.method); the others run in SGLang / vLLM
+BUNDLED_METHODS = {"dspark": "dspark", "ngram": "ngram"}
 LEARNED = (("spec.scheduler", "verify_policy", "train-policy", "policy_path"),
            ("spec.gamma_policy", "gamma_policy", "train-gamma-policy", "gamma_policy_path"))
 
@@ -62,16 +64,21 @@ def learned_policies(profile: Profile, params: dict[str, Any]) -> dict[str, str]
 def tuned_engine_config(profile: Profile, params: dict[str, Any], drafter_path: str | None,
                         model_path: str | None = None):  # -> EngineConfig
     """The EngineConfig of a tuned parameter set: every engine parameter as tuned, the profile's model (or
-    `model_path`, the checkpoint a measurement ran), a KV length that holds the workload, DSpark with
-    `drafter_path` (None: the engine's own drafter for the tuned head, the tiny target's) when speculation is on."""
+    `model_path`, the checkpoint a measurement ran), a KV length that holds the workload, and when speculation is on
+    DSpark with `drafter_path` (None: the engine's own drafter for the tuned head, the tiny target's) or the
+    engine's n-gram lookup; a method the engine does not run (BUNDLED_METHODS) is one TunerError line."""
     from dspark_core.config import EngineConfig, apply_params, has_param
 
     # the drafter design (a checkpoint's property) and the serving stacks' own switches are not engine fields
     cfg = apply_params(EngineConfig(), {k: v for k, v in params.items() if has_param(k)})
     cfg.model.path = model_path or model_ref(profile)
     cfg.model.max_seq_len = max_seq_len(profile, int(params.get("spec.block_size", cfg.spec.block_size)))
-    cfg.drafter.method = "dspark" if cfg.spec.enabled else "plain"
-    cfg.drafter.path = drafter_path if cfg.spec.enabled else None
+    method = BUNDLED_METHODS.get(str(params.get("spec.method") or "dspark"))
+    if cfg.spec.enabled and method is None:
+        raise TunerError(f"the bundled engine does not run {params.get('spec.method')} speculative decoding; "
+                         f"it runs {', '.join(BUNDLED_METHODS)}")
+    cfg.drafter.method = method if cfg.spec.enabled else "plain"
+    cfg.drafter.path = drafter_path if cfg.spec.enabled and method == "dspark" else None
     cfg.sampling.temperature = profile.workload.temperature or 0.0
     for key, path in learned_policies(profile, params).items():  # the policy files the learned choices run
         setattr(cfg.spec, key, path)

@@ -23,6 +23,7 @@ from tuner.bundle_dir import check_out, write_bundle
 from tuner.errors import TunerError
 from tuner.launch import template_env, write_dspark, write_sglang, write_vllm
 from tuner.live.confirm import exported_metrics
+from tuner.method_schedule import tuned_schedules
 from tuner.study import SPEC_ATTR, StudySpec, best_trial, completed, feasible_trials, make_evaluator, miss, open_study
 from tuner.targets import BUNDLED_DRAFTER, measured_calibration, sglang_context, sts_payload, vllm_context
 
@@ -92,7 +93,7 @@ def _ship_drafter(src: Path, dst: Path, evaluator) -> None:
 
 def export_study(db_url: str, name: str, out: Path) -> ExportResult:
     """Export study `name`'s best SLO-feasible trial (or the closest one, flagged) as a bundle."""
-    from tuner.engine_config import tuned_engine_config
+    from tuner.engine_config import max_seq_len, model_ref, tuned_engine_config
 
     check_out(out)  # before the study is even opened
     study = open_study(db_url, name, None)
@@ -107,34 +108,40 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
     metrics = exported_metrics(study, spec, trial)  # a live finalist: the mean of its measurements
     measured = _measured_drafter(evaluator, params)
     bundled = measured is not None
+    schedules = tuned_schedules(evaluator, params)  # the draft length per batch size (simulated studies)
 
     def build(tmp: Path) -> None:
         if bundled:
             _ship_drafter(measured, tmp / BUNDLED_DRAFTER, evaluator)
         drafter = BUNDLED_DRAFTER if bundled else profile.drafter.id
         model = str(evaluator.path) if evaluator.mode in ("measure", "live") else None
-        config = tuned_engine_config(profile, params, drafter, model_path=model)
-        if _write_kernels(tmp, db_url, profile.hw.name):
-            config.kernel_file = "kernels.json"
         common = {"study": name, "trial_number": trial.number, "mode": evaluator.mode,
                   "hw_name": profile.hw.name or "device", "model_name": profile.model.name or "model"}
         sps = evaluator.sps_table(params)
-        calibration = measured_calibration(tmp / BUNDLED_DRAFTER if bundled else None)
-        write_dspark(tmp, config, sps, sts_payload(profile, params, calibration), common)
-        seq = config.model.max_seq_len
-        write_sglang(tmp, sglang_context(profile, params, bundled, seq), common)
-        write_vllm(tmp, vllm_context(profile, params, bundled, seq, draft_model=spec.draft), common)
+        seq = max_seq_len(profile, int(params["spec.block_size"]))
+        if _bundled_engine_runs(params):  # dspark.yaml and its files: only for a method our engine runs
+            config = tuned_engine_config(profile, params, drafter, model_path=model)
+            if _write_kernels(tmp, db_url, profile.hw.name):
+                config.kernel_file = "kernels.json"
+            calibration = measured_calibration(tmp / BUNDLED_DRAFTER if bundled else None)
+            write_dspark(tmp, config, sps, sts_payload(profile, params, calibration), common)
+            seq = config.model.max_seq_len
+        write_sglang(tmp, sglang_context(profile, params, bundled, seq, schedule=schedules["sglang"]), common)
+        write_vllm(tmp, vllm_context(profile, params, bundled, seq, draft_model=spec.draft,
+                                     schedule=schedules["vllm"]), common)
         env = template_env()
         from tuner.report import write_report
 
         write_report(tmp, env.get_template(REPORT_TEMPLATE), study, spec, trial, best is not None, params, space,
-                     plan, profile, evaluator, sps, db_url, common)
+                     plan, profile, evaluator, sps, db_url, common, schedules)
         (tmp / "provenance.json").write_text(json.dumps({
             "study": name, "trial": trial.number, "mode": evaluator.mode, "meets_slo": best is not None,
             "profile_hash": profile.content_hash(), "profile_id": spec.profile_id, "plan_id": spec.plan_id,
             "rules": plan.rule_refs(), "params": params, "metrics": metrics,
+            "speculative_method": params.get("spec.method", "dspark") if params.get("spec.enabled", True) else None,
+            "draft_schedule": schedules,
             "predicted_acceptance": _predicted_acceptance(profile, params),
-            "model": config.model.path, "drafter": {"path": drafter, "source": profile.drafter.source,
+            "model": model or model_ref(profile), "drafter": {"path": drafter, "source": profile.drafter.source,
                                                    "measured": str(measured) if measured else None},
             "sps_table": "modelled" if evaluator.mode == "simulate" else "measured",
             "cost_source": (evaluator.perf(params).cost_source if evaluator.mode == "simulate" else "measured"),
@@ -145,15 +152,25 @@ def export_study(db_url: str, name: str, out: Path) -> ExportResult:
     return ExportResult(out, files, trial.number, best is not None, metrics, params, evaluator.mode)
 
 
+def _bundled_engine_runs(params: dict[str, Any]) -> bool:
+    """Whether the bundled engine runs the tuned configuration (plain decoding, DSpark, n-gram): only then does
+    the bundle ship dspark.yaml, dspark.sh and the files they read."""
+    from tuner.engine_config import BUNDLED_METHODS
+
+    return not params.get("spec.enabled", True) or str(params.get("spec.method") or "dspark") in BUNDLED_METHODS
+
+
 def _predicted_acceptance(profile, params: dict) -> dict | None:  # noqa: ANN001 - profiler.schema.Profile
     """The per-position acceptance the tuner assumed for the exported drafter (what `monitor` checks)."""
     if not params.get("spec.enabled", True):
         return None
-    from tuner.acceptance import acceptance_for
+    from tuner.acceptance import acceptance_of
 
     head, gamma = str(params["spec.head"]), int(params["spec.block_size"])
-    model = acceptance_for(profile, head, draft_layers=int(params.get("spec.draft_layers", 0)) or None)
-    return {"head": head, "gamma": gamma, "position_acceptance": [round(a, 4) for a in model.alphas(gamma)],
+    method = str(params.get("spec.method") or "dspark")
+    model = acceptance_of(profile, method, head, int(params.get("spec.draft_layers", 0)) or None)
+    return {"method": method, "head": head, "gamma": gamma,
+            "position_acceptance": [round(a, 4) for a in model.alphas(gamma)],
             "tau": round(model.tau(gamma), 4), "source": model.source}
 
 

@@ -5,7 +5,7 @@ study measured is started by exactly the script the bundle ships.
 - dspark: dspark.yaml (the bundled engine's config, tuner/engine_config.py), sps.json, sts.json, dspark.sh, and the
   learned policies a learned scheduler or block length runs (policy.json, gamma_policy.json);
 - vllm: vllm.json (the speculative config) and vllm.sh;
-- sglang: sglang.sh (it reads sps.json and sts.json beside it).
+- sglang: sglang.sh (it reads sps.json and sts.json beside it), and sglang_adaptive.json for an adaptive schedule.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ VLLM_TEMPLATES = ("vllm/v0.33/vllm.json.j2", "vllm/v0.33/vllm.sh.j2")
 POLICY_FILES = {"policy_path": "policy.json", "gamma_policy_path": "gamma_policy.json"}  # spec field -> bundle file
 ENGINE_FILES = {"dspark": ("dspark.yaml", "sps.json", "sts.json", "dspark.sh", *POLICY_FILES.values()),
                 "vllm": ("vllm.json", "vllm.sh"),
-                "sglang": ("sglang.sh", "sps.json", "sts.json")}
+                "sglang": ("sglang.sh", "sps.json", "sts.json", "sglang_adaptive.json")}
 SCRIPTS = {"dspark": "dspark.sh", "vllm": "vllm.sh", "sglang": "sglang.sh"}  # the script that starts each engine
 
 
@@ -69,7 +69,11 @@ def write_vllm(folder: Path, context: dict[str, Any], common: dict[str, Any]) ->
 
 
 def write_sglang(folder: Path, context: dict[str, Any], common: dict[str, Any]) -> None:
+    """sglang.sh, and beside it the adaptive config its --speculative-adaptive-config names (the tuned draft steps
+    per batch size) when the context carries one."""
     check_values("sglang.sh", {**common, **context})
+    if context.get("adaptive_config"):
+        (folder / context["adaptive_file"]).write_text(json.dumps(context["adaptive_config"], indent=2) + "\n")
     _script(folder, "sglang.sh", template_env().get_template(SGLANG_TEMPLATE).render(**common, **context))
 
 

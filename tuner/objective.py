@@ -88,6 +88,7 @@ class SimulateEvaluator(Evaluator):
         # throughput moves ~0.7% from configuration to configuration by chance, and a search that keeps the best of
         # dozens of trials keeps that luck (the winner's curse); two samples shrink it by ~30% at twice the cost
         self.repeats = max(1, repeats)
+        self._draft_shape = None  # a draft_model deployment's small model (built once, on first use)
 
     def perf(self, params: dict[str, Any]):  # -> PerfModel
         """The performance model of `params`; its `cost_source` names what priced it."""
@@ -124,8 +125,24 @@ class SimulateEvaluator(Evaluator):
         return (f"simulated {self.profile.model.name or 'model'} on {self.hw.name or 'hardware'} "
                 f"(cost: {self.cost_label()}; acceptance {src}{cal})")
 
+    def drafting(self, params: dict[str, Any]):  # -> tuple[AcceptanceModel, ModelShape | None]
+        """The acceptance of the method `params` run (spec.method: DSpark's by head and depth, the others' published
+        figures) and, for a draft model, the small model's shape (tuner/estimate.py draft_model_shape)."""
+        from tuner.acceptance import acceptance_of
+        from tuner.methods import drafting_of
+
+        method = drafting_of(params, self.profile).method
+        head, layers = str(params["spec.head"]), int(params["spec.draft_layers"])
+        accept = acceptance_of(self.profile, "dspark" if method == "none" else method, head, layers)
+        if method != "draft_model":
+            return accept, None
+        if self._draft_shape is None:
+            from tuner.estimate import draft_model_shape
+
+            self._draft_shape = draft_model_shape(self.profile, self.profile.hw.name or "h100")[0]
+        return accept, self._draft_shape
+
     def evaluate(self, params: dict[str, Any], seed: int = 0) -> Evaluation:
-        from tuner.acceptance import acceptance_for
         from tuner.simulate import simulate
 
         # FP8 weights run weight-only (W8A16, vLLM's Marlin) without FP8 tensor cores; an FP8 KV cache is not modelled
@@ -138,10 +155,13 @@ class SimulateEvaluator(Evaluator):
         count = self.profile.hw.count or 8
         if int(params.get("parallel.tp", 1)) > count:
             return Evaluation({}, False, f"tp {params['parallel.tp']} exceeds the {count} devices available")
-        accept = acceptance_for(self.profile, params["spec.head"], draft_layers=int(params["spec.draft_layers"]))
+        if params.get("spec.enabled") and params.get("spec.method") == "mtp" and not self.profile.model.mtp_modules:
+            return Evaluation({}, False, f"{self.profile.model.name} ships no MTP module (num_nextn_predict_layers)")
+        accept, draft = self.drafting(params)
         perf, fallback = self.perf_why(params)
         cost = perf.cost_source + (f" ({fallback})" if fallback else "")
-        runs = [simulate(params, self.profile, perf, accept, n_requests=self.n_requests, seed=seed * self.repeats + i)
+        runs = [simulate(params, self.profile, perf, accept, n_requests=self.n_requests, seed=seed * self.repeats + i,
+                         draft_shape=draft)
                 for i in range(self.repeats)]  # seed s uses samples s*k .. s*k+k-1: other seeds share none
         bad = next((r for r in runs if not r.feasible), None)
         if bad is not None:

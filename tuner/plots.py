@@ -123,3 +123,24 @@ def acceptance(curves: dict[str, list[float]], source: str, path: Path,
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def speedup(curves: dict[str, list[tuple[int, float, int]]], hw: str, path: Path) -> None:
+    """Predicted speedup over no speculation against concurrency, one line per method; each point is labelled
+    with the draft length the batch-size schedule gives it there (K = 0: speculation off, 1.0x)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for i, (method, pts) in enumerate(curves.items()):
+        xs, ys = [c for c, _, _ in pts], [s for _, s, _ in pts]
+        ax.plot(xs, ys, marker="o", color=f"C{i}", label=method)
+        for c, s, k in pts:
+            ax.annotate(f"K{k}", (c, s), textcoords="offset points", xytext=(3, 3), fontsize=6, color=f"C{i}")
+    ax.axhline(1.0, color="0.5", linewidth=0.8, linestyle="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency (closed-loop clients)")
+    ax.set_ylabel("predicted speedup over no speculation")
+    ax.set_title(f"Speedup by method on {hw} (simulated)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

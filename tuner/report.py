@@ -10,7 +10,7 @@ from kb.match import Plan
 from kb.params import param_spec
 from profiler.schema import Profile
 from tuner import plots
-from tuner.acceptance import acceptance_for
+from tuner.acceptance import acceptance_for, acceptance_of
 from tuner.objective import METRIC_UNITS, OBJECTIVES, Evaluator
 from tuner.space import SearchSpace
 from tuner.study import StudySpec, completed, feasible_trials
@@ -43,7 +43,8 @@ def _pareto(trials: list[Any], spec: StudySpec) -> list[Any]:
 
 def write_report(out: Path, template, study, spec: StudySpec, trial, meets: bool, params: dict[str, Any],
                  space: SearchSpace, plan: Plan, profile: Profile, evaluator: Evaluator, sps, db_url: str,
-                 common: dict[str, Any]) -> None:
+                 common: dict[str, Any], schedules: dict[str, Any] | None = None) -> None:
+    """report.md and its plots; `schedules`: the exported draft length per batch size, per engine."""
     trials = completed(study)
     feasible_ids = {t.number for t in feasible_trials(study)}
     front = _pareto([t for t in trials if t.number in feasible_ids] or trials, spec)  # of what meets the SLOs
@@ -74,15 +75,25 @@ def write_report(out: Path, template, study, spec: StudySpec, trial, meets: bool
             else "measured on this device")
     plots.sps_curve(list(sps.sample_batch_tokens), list(sps.sample_steps_per_sec), kind, out / "sps.png")
     made.append({"title": "SPS table", "file": "sps.png"})
+    from tuner.gains import report_section
+
+    bought = report_section(evaluator, params, space, spec.seed, schedules or {}, out / "speedup.png")
+    if bought is not None:
+        made.append({"title": "Predicted speedup against concurrency, per method", "file": "speedup.png"})
     gamma = int(params["spec.block_size"])
+    method = str(params.get("spec.method") or "dspark")
     modelled = {head: acceptance_for(profile, head).alphas(gamma) for head in ("none", "markov", "rnn")}
+    if method != "dspark":  # the tuned method's own acceptance, DSpark's heads for reference
+        mine = acceptance_of(profile, method)
+        modelled = {method: mine.alphas(gamma), **{f"dspark ({h})": ys for h, ys in modelled.items()}}
     measured = trial.user_attrs.get("position_acceptance")
     if evaluator.mode in ("measure", "live") and measured:
         source = f"measured: trial {trial.number}, {params['spec.head']} head, gamma {gamma}"
         plots.acceptance({f"measured ({params['spec.head']} head)": list(measured)}, source, out / "acceptance.png",
                          reference={f"model prior ({h})": ys for h, ys in modelled.items()})
     else:
-        source = acceptance_for(profile, params["spec.head"]).source
+        source = (acceptance_for(profile, params["spec.head"]).source if method == "dspark" else
+                  acceptance_of(profile, method).source)
         plots.acceptance(modelled, source, out / "acceptance.png")
     made.append({"title": "Acceptance by position", "file": "acceptance.png"})
 
@@ -115,10 +126,32 @@ def write_report(out: Path, template, study, spec: StudySpec, trial, meets: bool
         pareto=[{"number": t.number, "vals": t.values, "feasible": t.number in feasible_ids} for t in front[:15]],
         plots=made, sps_kind=kind, sps_rows=list(zip(sps.sample_batch_tokens, sps.sample_steps_per_sec, strict=True)),
         acceptance_line=f"Acceptance model: {source}.", drafter_line=drafter_line(profile, params),
+        bought=bought, method_line=method_line(profile, params, schedules or {}),
         profile_hash=profile.content_hash(),
         profile_id=spec.profile_id, plan_id=spec.plan_id, db_url=_redact(db_url), tool_version=spec.tool_version,
         exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     (out / "report.md").write_text(text)
+
+
+def method_line(profile: Profile, params: dict[str, Any], schedules: dict[str, Any]) -> str:
+    """Which speculative method the bundle deploys, among which the study chose, and its draft-length schedule."""
+    if not params.get("spec.enabled", True):
+        return "Speculation is off in the exported configuration."
+    from kb.method_choice import runnable_methods
+
+    method = str(params.get("spec.method") or "dspark")
+    among = runnable_methods(profile)
+    line = f"Method: **{method}**" + (f", chosen among {', '.join(among)} (what this deployment has drafters for)"
+                                      if among and len(among) > 1 else "")
+    parts = []
+    for engine, sched in schedules.items():
+        if sched:
+            ranges = ", ".join(f"{lo}-{hi}: {k}" for lo, hi, k in sched)
+            parts.append(f"{engine} (batch size: draft tokens) {ranges}")
+    if parts:
+        line += (". Draft length per running batch size, the tuned one at and below the simulated load: "
+                 + "; ".join(parts))
+    return line + "."
 
 
 def drafter_line(profile: Profile, params: dict[str, Any]) -> str:
@@ -127,6 +160,18 @@ def drafter_line(profile: Profile, params: dict[str, Any]) -> str:
     if not params.get("spec.enabled", True):
         return "Speculation is off in the exported configuration: no drafter is deployed."
     d = profile.drafter
+    method = str(params.get("spec.method") or "dspark")
+    if method != "dspark":
+        from tuner.spec_targets import CHECKPOINT_METHODS, drafter_checkpoint
+
+        ck = drafter_checkpoint(profile, method, None)
+        if method in CHECKPOINT_METHODS:
+            return f"Deployed {method} drafter: `{ck}`." if ck else \
+                f"No published {method} drafter for {profile.model.name}: set DRAFT_MODEL_PATH to one."
+        return {"mtp": "Deployed drafter: the MTP module inside the target checkpoint.",
+                "ngram": "No drafter: n-gram proposals are looked up in the prompt and output on the host.",
+                "suffix": "No drafter: suffix-tree proposals are looked up on the host (vLLM's Arctic Inference; "
+                          "SGLang 0.5.23 has no suffix decoding, so sglang.sh refuses to start)."}.get(method, "")
     if d.id:
         return (f"Deployed drafter: `{d.id}` ({', '.join(d.heads or [])} head, {d.layers} draft layers, Markov rank "
                 f"{d.markov_rank}, trained for {d.block_size}-token blocks), whose head, depth and rank come from the "

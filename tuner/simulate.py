@@ -106,7 +106,7 @@ def offline_requests(lengths: list[tuple[int, int]]) -> list[Request]:
 
 def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: AcceptanceModel,
              n_requests: int = 48, seed: int = 0, requests: list[tuple[int, int]] | None = None,
-             bundled: bool = False) -> SimResult:
+             bundled: bool = False, engine: str = "sglang", draft_shape: Any = None) -> SimResult:
     """Run the workload through the modelled engine with `params` (dotted names, defaults filled).
 
     `requests`: an explicit offline list of (prompt, output) token counts, all arriving at t = 0,
@@ -115,7 +115,14 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
     and verify cost the real tokens) but attention is padded to the longest row's context; each request's
     block is capped at its remaining tokens; and the prefix schedulers count the round's fixed costs
     (host bookkeeping and drafting) as the engine's measured per-round overhead does.
+    Otherwise a round is priced as `engine` (sglang, vllm, trtllm) runs `spec.method` (tuner/methods.py): its draft
+    forwards in order, the verify forward, sampling, the engine's fitted per-round constants and CUDA-graph
+    coverage (`batch.cuda_graph_max_bs`, when tuned, replaces the engine's default capture).
     """
+    from dataclasses import replace
+
+    from tuner.methods import SEQUENTIAL, drafting_of, engine_costs, round_cost
+
     rng = np.random.default_rng(seed)
     if requests is not None:
         reqs, closed = offline_requests(requests), 0
@@ -124,6 +131,11 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
     round_s, round_req_s = perf.eff.round_s, perf.eff.round_request_s
     gamma = int(params["spec.block_size"])
     spec_on = bool(params["spec.enabled"]) and gamma > 0
+    method = drafting_of(params, profile, draft_shape)
+    costs = engine_costs(engine, profile.hw.arch)
+    if int(params.get("batch.cuda_graph_max_bs") or 0) and engine == "sglang":
+        costs = replace(costs, graph_max_bs=int(params["batch.cuda_graph_max_bs"]))
+    full_blocks = method.method != "dspark"  # only DSpark's verify schedulers choose a prefix of the block
     max_req = int(params["batch.max_requests"])
     max_tokens = int(params["batch.max_tokens"])
     chunk = int(params.get("batch.chunked_prefill") or 0) or max_tokens
@@ -222,16 +234,24 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
                 rows = [list(conf[i, :g]) for i, g in enumerate(gammas)]
                 drafting = sum(1 for g in gammas if g > 0)
                 draft_s = perf.draft_step(drafting, block, ctx, int(params["spec.draft_layers"]), params["spec.head"],
-                                          int(params["spec.markov_rank"])) if drafting else 0.0
+                                          int(params["spec.markov_rank"])) if drafting and bundled else 0.0
                 if bundled and hasattr(scheduler, "overhead_s"):  # the engine times its rounds' fixed costs
                     scheduler.overhead_s = round_s + round_req_s * len(live) + draft_s
                 if isinstance(scheduler, LearnedScheduler):
                     scheduler.context = RoundContext(recent_acceptance=[recent.get(r.rid) for r in live])
-                lengths = [min(cap_verify, n, g) for n, g in zip(scheduler.schedule(rows), gammas, strict=True)]
+                if full_blocks:  # EAGLE-3, MTP, draft models, n-gram, DFlash verify what they drafted
+                    lengths = list(gammas)
+                else:
+                    lengths = [min(cap_verify, n, g) for n, g in zip(scheduler.schedule(rows), gammas, strict=True)]
                 while sum(lengths) + len(live) > max_tokens and max(lengths) > 0:
                     lengths[lengths.index(max(lengths))] -= 1
                 tokens = sum(lengths) + len(live)
-                t += draft_s + perf.step(tokens, ctx, len(live)).seconds
+                if bundled:
+                    t += draft_s + perf.step(tokens, ctx, len(live)).seconds
+                else:
+                    if method.method in SEQUENTIAL and method.topk > 1 and method.draft_tokens:
+                        tokens = drafting * method.draft_tokens + (len(live) - drafting)  # an EAGLE tree's rows
+                    t += round_cost(perf, costs, method, len(live), block, ctx, drafting, tokens).seconds
                 verify_total += tokens
                 for i, (r, n) in enumerate(zip(live, lengths, strict=True)):
                     ok = 0
@@ -244,7 +264,8 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
                         spec_rounds += 1
                         gained_spec += ok + 1
             else:
-                t += perf.step(len(live), ctx, len(live)).seconds
+                t += perf.step(len(live), ctx, len(live)).seconds if bundled else \
+                    round_cost(perf, costs, replace(method, method="none"), len(live), 0, ctx).seconds
                 verify_total += len(live)
             rounds += 1
             for r, g in zip(live, gains, strict=True):
@@ -277,4 +298,4 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
         verify_tokens_per_step=verify_total / max(1, rounds), requests=len(reqs),
         extra={"makespan_s": t, "makespan_throughput": out_tokens / t / perf.tp, "steady_window_s": t1 - t0,
                "rounds": rounds, "acceptance_source": accept.source, "host_rounds": host_rounds,
-               "host_request_rounds": host_req_rounds})
+               "host_request_rounds": host_req_rounds, "ttft_mean_ms": float(np.mean(ttfts))})

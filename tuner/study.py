@@ -82,6 +82,12 @@ class StudySpec(BaseModel):
         """The searched space: kernel knobs only when measuring on a GPU, where they can be observed."""
         gpu_measure = self.mode == "measure" and self.profile_model().hw.arch not in (None, "cpu")
         space = space_from_plan(self.plan_model(), tune_kernels=gpu_measure)
+        method = space.distributions.get("spec.method")
+        if self.mode == "measure" and method is not None and "dspark" in method.choices:
+            # the bundled engine measures DSpark with the drafter it finds: the other methods are priced, not run
+            del space.distributions["spec.method"]
+            space.warm_start.pop("spec.method", None)
+            space.fixed["spec.method"] = "dspark"
         if self.mode == "live":
             from tuner.live.space import engine_space
 

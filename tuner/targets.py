@@ -29,7 +29,7 @@ SGLANG_ATTENTION = {"torch": "torch_native", "triton": "triton", "flashinfer": "
                     "fa4": "fa4", "trtllm_mha": "trtllm_mha", "trtllm_mla": "trtllm_mla", "flashmla": "flashmla",
                     "aiter": "aiter"}
 VLLM_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # --dtype (others: the checkpoint's)
-DRAFTED_METHODS = ("dspark", "draft_model")  # vLLM speculative methods that load a draft checkpoint
+DRAFTED_METHODS = ("dspark", "dflash", "eagle3", "draft_model")  # vLLM methods that load a draft checkpoint
 VLLM_ATTENTION = {"triton": "TRITON_ATTN", "flashinfer": "FLASHINFER", "fa3": "FLASH_ATTN", "fa4": "FLASH_ATTN",
                   "trtllm_mha": "FLASHINFER", "trtllm_mla": "FLASHINFER_MLA", "flashmla": "FLASHMLA",
                   "aiter": "ROCM_AITER_FA"}
@@ -97,16 +97,24 @@ def _common(profile: Profile, p: dict[str, Any], bundled: bool, max_seq_len: int
             "learned_block": p.get("spec.gamma_policy") == "learned"}  # the peers draft the static block instead
 
 
-def sglang_context(profile: Profile, p: dict[str, Any], bundled: bool = False, max_seq_len: int = 0
-                   ) -> dict[str, Any]:
-    mode = SGLANG_VERIFY_MODE[p["spec.scheduler"]]
+def sglang_context(profile: Profile, p: dict[str, Any], bundled: bool = False, max_seq_len: int = 0,
+                   schedule: list[list[int]] | None = None) -> dict[str, Any]:
+    """`schedule`: the tuned draft length per batch-size range (tuner/method_schedule.py), exported as SGLang's
+    adaptive config where SGLang runs one for the method."""
+    from tuner.spec_targets import CHECKPOINT_METHODS, method_of, sglang_spec
+
+    dspark = method_of(p) == "dspark"
+    mode = SGLANG_VERIFY_MODE[p["spec.scheduler"]] if dspark else "static"
     quant = SGLANG_QUANT.get(p["weights.dtype"])
     tp = int(p["parallel.tp"])
     dp_attention = bool(p.get("parallel.dp_attention")) and tp > 1  # one attention replica per TP rank
-    return {**_common(profile, p, bundled, max_seq_len), "chunked_prefill": int(p.get("batch.chunked_prefill") or 0),
+    common = _common(profile, p, bundled, max_seq_len)
+    spec = sglang_spec(profile, p, draft_ref(profile, bundled), bundled, schedule, dp_attention)
+    return {**common, **spec, "chunked_prefill": int(p.get("batch.chunked_prefill") or 0),
             "cuda_graph_max_bs": int(p.get("batch.cuda_graph_max_bs") or 0), "quantization": quant,
-            # the draft inherits --quantization unless told otherwise; our drafters ship in bf16
-            "draft_quantization": "unquant" if quant else None,
+            # the draft inherits --quantization unless told otherwise; drafters (DSpark, EAGLE-3 heads, draft
+            # models) ship in bf16; an MTP module is part of the (quantised) target
+            "draft_quantization": "unquant" if quant and method_of(p) in CHECKPOINT_METHODS else None,
             "attention_backend": SGLANG_ATTENTION.get(p["attention.backend"]) if p["attention.backend"] != "torch"
             else None,
             "verify_mode": mode, "ragged": mode != "static",
@@ -183,22 +191,27 @@ def vllm_cpu_kv_space_gib(profile: Profile, p: dict[str, Any], max_seq_len: int)
 
 
 def vllm_context(profile: Profile, p: dict[str, Any], bundled: bool = False, max_seq_len: int = 0,
-                 draft_model: str | None = None) -> dict[str, Any]:
-    """`draft_model`: the small autoregressive draft of `spec.method: draft_model` (tune --draft)."""
+                 draft_model: str | None = None, schedule: list[list[int]] | None = None) -> dict[str, Any]:
+    """`draft_model`: the small autoregressive draft of `spec.method: draft_model` (tune --draft); `schedule`: the
+    tuned draft length per batch-size range (vLLM's num_speculative_tokens_per_batch_size)."""
+    from tuner.spec_targets import METHOD_NAMES, drafter_checkpoint, method_of, vllm_spec
+
     ctx = _common(profile, p, bundled, max_seq_len)
+    method = method_of(p)
     draft = draft_ref(profile, bundled)  # None: vllm.sh puts DRAFT_MODEL_PATH in, or refuses to start
-    if p.get("spec.method") == "draft_model":
+    if method == "draft_model" and draft_model:
         draft = draft_model
-        ctx.update(draft_bundled=False, draft_path=draft_model)
+    elif method != "dspark":
+        draft = drafter_checkpoint(profile, method, None)
+    if method != "dspark":
+        ctx.update(draft_bundled=False, draft_path=draft)
     passes = {field: bool(p[name]) for name, field in VLLM_PASSES.items() if p.get(name) is not None}
-    method = str(p.get("spec.method") or "dspark")
     needs_draft = method in DRAFTED_METHODS
-    spec: dict[str, Any] = {"method": method, **({"model": draft} if draft and needs_draft else {}),
-                            "num_speculative_tokens": ctx["block_size"]}
-    if method == "dspark":
-        spec["enable_adaptive_verification"] = p["spec.scheduler"] != "verify_all"
+    spec = vllm_spec(profile, p, draft, schedule, ctx["dp"])
     cpu = profile.hw.arch == "cpu"
     return {**ctx, "quantization": VLLM_QUANT.get(p["weights.dtype"]), "method": method, "needs_draft": needs_draft,
+            "draft_what": METHOD_NAMES.get(method, method),
+            "schedule": spec.get("num_speculative_tokens_per_batch_size"),
             "dtype": VLLM_DTYPE.get(p["weights.dtype"]), "cpu": cpu,
             "cpu_kv_space_gib": vllm_cpu_kv_space_gib(profile, p, max_seq_len) if cpu else 0,
             "enforce_eager": cpu and bool(_cpu_build().get("enforce_eager")),

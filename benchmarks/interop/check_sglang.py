@@ -18,7 +18,8 @@ import sys
 import warnings
 from pathlib import Path
 
-NO_OP = ("no-op", "no effect", "ignoring", "deprecated", "ignored")  # warnings that say a flag does nothing
+NO_OP = ("no-op", "no effect", "ignoring", "deprecated", "ignored", "disabled: ")  # warnings that say a flag
+# does nothing ("speculative_adaptive disabled: <reason>. Falling back to static speculative params.")
 
 
 class _Grab:
@@ -39,6 +40,10 @@ class _Grab:
 
 def _flag(argv: list[str], name: str) -> str | None:
     return argv[argv.index(name) + 1] if name in argv else None
+
+
+def _flag_file(argv: list[str], name: str) -> str | None:
+    return _flag(argv, name) if name in argv else None
 
 
 def _heads_agree(draft: Path, out: dict) -> None:
@@ -118,13 +123,26 @@ def main(argv: list[str]) -> int:
         return 4
     d = sa.resolved_dict()
     out["resolved"] = {k: d.get(k) for k in ("speculative_algorithm", "speculative_dspark_block_size",
-                                            "speculative_num_draft_tokens", "max_running_requests",
+                                            "speculative_num_draft_tokens", "speculative_num_steps",
+                                            "speculative_eagle_topk", "speculative_adaptive",
+                                            "speculative_ngram_max_bfs_breadth", "max_running_requests",
                                             "mem_fraction_static", "page_size", "max_prefill_tokens",
                                             "tp_size", "dp_size", "ep_size", "quantization",
                                             "speculative_draft_model_quantization", "kv_cache_dtype",
                                             "attention_backend", "cuda_graph_max_bs_decode")}
+    adaptive = _flag_file(argv, "--speculative-adaptive-config")
+    if adaptive:  # the schedule: SGLang's own loader, and adaptive still on after its support check
+        from sglang.srt.speculative.adaptive_spec_params import (
+            _load_adaptive_config,
+            resolve_candidate_steps_from_config,
+        )
+
+        _, slots = _load_adaptive_config(adaptive)
+        out["adaptive"] = {"slots": sorted(slots), "candidate_steps": resolve_candidate_steps_from_config(adaptive)}
+        if not d.get("speculative_adaptive"):
+            out["error"] = "SGLang turned --speculative-adaptive off (see its warnings)"
     draft = _flag(argv, "--speculative-draft-model-path")
-    if draft:
+    if draft and d.get("speculative_algorithm") == "DSPARK":
         from sglang.srt.speculative.dspark_components.dspark_config import resolve_runtime_config
         from transformers import AutoConfig
 

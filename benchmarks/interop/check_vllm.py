@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 CUDA_GRAPHS = "Adaptive verification requires full CUDA graphs"
+CPU_OPS = "'_C' object has no attribute"  # a custom op the CPU build does not compile
 
 
 def _engine_args(argv: list[str]):
@@ -70,6 +71,21 @@ def _load_draft(cfg, draft: Path, out: dict) -> None:
                             "layers": hf.num_hidden_layers}
 
 
+def _create(ea, out: dict):  # noqa: ANN001 - vLLM's AsyncEngineArgs; -> VllmConfig
+    """create_engine_config(); when the CPU build's missing custom ops (`torch.ops._C.<op>`, e.g. rotary_embedding,
+    which a TP all-reduce fusion pass looks up on the CPU platform) are its only objection, validated again
+    without --compilation-config, and the result says so."""
+    try:
+        return ea.create_engine_config()
+    except AttributeError as e:
+        if CPU_OPS not in str(e) or not getattr(ea, "compilation_config", None):
+            raise
+        out["platform_note"] = (f"the CPU build lacks a custom op a compilation pass needs ({e}); the rest of the "
+                                "config was validated without --compilation-config")
+        ea.compilation_config = type(ea.compilation_config)() if not isinstance(ea.compilation_config, dict) else {}
+        return ea.create_engine_config()
+
+
 def main(argv: list[str]) -> int:
     logging.disable(logging.WARNING)  # vLLM's CPU-platform notices are not about the bundle
     if argv[:1] == ["serve"]:
@@ -84,7 +100,7 @@ def main(argv: list[str]) -> int:
     spec = dict(ea.speculative_config or {})
     out["speculative_config"] = spec
     try:
-        cfg = ea.create_engine_config()
+        cfg = _create(ea, out)
     except Exception as e:  # noqa: BLE001 - report whatever vLLM raises
         if CUDA_GRAPHS not in str(e):
             out["error"] = f"create_engine_config: {type(e).__name__}: {e}"
@@ -94,7 +110,7 @@ def main(argv: list[str]) -> int:
                                 "have; the rest of the config was validated with it off")
         ea.speculative_config = {**spec, "enable_adaptive_verification": False}
         try:
-            cfg = ea.create_engine_config()
+            cfg = _create(ea, out)
         except Exception as e2:  # noqa: BLE001
             out["error"] = f"create_engine_config: {type(e2).__name__}: {e2}"
             print(json.dumps(out, default=str))
@@ -110,7 +126,19 @@ def main(argv: list[str]) -> int:
                        "block_size": cfg.cache_config.block_size,
                        "gpu_memory_utilization": cfg.cache_config.gpu_memory_utilization,
                        "max_model_len": cfg.model_config.max_model_len}
-    ok = getattr(sc, "method", None) == "dspark" and "Qwen3DSparkModel" in (getattr(hf, "architectures", None) or [])
+    method = getattr(sc, "method", None)
+    ok = method == spec.get("method")  # the method the bundle names is the one vLLM runs
+    if method == "dspark":
+        ok = ok and "Qwen3DSparkModel" in (getattr(hf, "architectures", None) or [])
+    schedule = spec.get("num_speculative_tokens_per_batch_size")
+    if schedule is not None:  # kept (not dropped for MRV1 or DP) and expanded by vLLM's own lookup builder
+        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+        kept = getattr(sc, "num_speculative_tokens_per_batch_size", None)
+        dense = build_dynamic_sd_schedule_lookup(kept, cfg.scheduler_config.max_num_seqs, sc.num_speculative_tokens) \
+            if kept is not None else None
+        out["schedule"] = {"kept": kept is not None, "k_by_batch": sorted(set(dense[1:])) if dense else None}
+        ok = ok and kept is not None
     draft = Path(spec.get("model") or "")
     if ok and (draft / "model.safetensors").is_file():
         _load_draft(cfg, draft, out)

@@ -115,10 +115,12 @@ class Driver:
                 self._take(block=not eng.has_work())
                 if eng.has_work():
                     self._batch()
-                    for u in eng.step():
+                    updates = eng.step()
+                    for u in updates:
                         self._emit(u.request_id, u.new_tokens, u.output)
                     self._observe()
-                    self._failed_steps, self.error = 0, None
+                    if updates:  # healthy again only once a step made progress (an empty one proves nothing)
+                        self._failed_steps, self.error = 0, None
                 self._gauges()
             except Exception as exc:  # noqa: BLE001 - a failed step must not end the loop
                 if not self._step_failed(exc):

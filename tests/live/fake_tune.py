@@ -24,6 +24,12 @@ class FakeEngine(DsparkEngine):
     def locate(self) -> Found:
         return Found("fake-engine", "1.0", sys.executable, str(Path(sys.executable).parent))
 
+    @property
+    def sps_table(self):  # noqa: ANN201 - absent: a fake server measures nothing
+        """A fake server has no steps-per-second of its own: the bundle takes the simulator's table, as for an engine
+        without one (LiveEvaluator.sps_table), instead of timing the tiny target's forwards per tune."""
+        raise AttributeError("sps_table")
+
     def write(self, folder: Path, params: dict[str, Any], port: int, found: Found) -> Launch:
         modes = os.environ.get("FAKE_ENGINE_MODES", "ok").split(",")
         state = Path(os.environ["FAKE_ENGINE_STATE"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,12 +19,26 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = Path(__file__).with_name("fake_tune.py")
-SMALL = ["--model", "tiny", "--concurrency", "2", "--trial-requests", "6", "--trial-max-tokens", "8", "--json"]
+SMALL = ["--concurrency", "2", "--trial-requests", "6", "--trial-max-tokens", "8", "--json"]  # the stored tiny profile
+
+
+@pytest.fixture(scope="module")
+def tiny_kb(tmp_path_factory) -> Path:
+    """A knowledge base holding the tiny target's profile, built once: every tune here reuses it (no --model), as
+    `profile --model tiny && tune ...` does, instead of measuring this machine again per test."""
+    db = tmp_path_factory.mktemp("kb") / "kb.sqlite"
+    r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "profile", "--model", "tiny", "--json"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "DSPARK_DB": f"sqlite:///{db}"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    return db
 
 
 @pytest.fixture
-def state(tmp_path, monkeypatch) -> Path:
+def state(tmp_path, monkeypatch, tiny_kb) -> Path:
     d = tmp_path / "state"
+    db = tmp_path / "kb-tiny.sqlite"
+    shutil.copyfile(tiny_kb, db)
+    monkeypatch.setenv("DSPARK_DB", f"sqlite:///{db}")
     monkeypatch.setenv("DSPARK_STATE_DIR", str(d))
     monkeypatch.setenv("FAKE_ENGINE_STATE", str(tmp_path / "fake-starts"))
     return d
@@ -118,7 +133,7 @@ def test_startup_failures_cost_one_trial_each_with_their_reason(state, tmp_path)
 
 def test_kill_9_mid_trial_then_resume_leaves_no_server_and_keeps_trials(state, tmp_path):
     db = os.environ["DSPARK_DB"]
-    args = ["--engine", "fake", "--study", "killed", "--out", str(tmp_path / "b"), "--model", "tiny",
+    args = ["--engine", "fake", "--study", "killed", "--out", str(tmp_path / "b"),
             "--concurrency", "1", "--trial-requests", "4", "--trial-max-tokens", "500", "--confirm", "0", "--json"]
     env = {**os.environ, "FAKE_ENGINE_MODES": "ok", "DSPARK_HEARTBEAT_S": "1", "DSPARK_HEARTBEAT_GRACE_S": "3"}
     proc = subprocess.Popen([sys.executable, str(FAKE), "tune", "--trials", "3", *args], cwd=ROOT, env=env,

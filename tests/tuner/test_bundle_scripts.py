@@ -109,9 +109,11 @@ def test_static_mode_exports_no_flag_that_does_nothing(hostile_bundle, tmp_path)
 
 
 def test_no_drafter_means_the_scripts_ask_for_one(tmp_path):
+    """--drafter none: design a DSpark drafter to train (by default a model without one deploys a method it can
+    run: tests/tuner/test_method_search.py)."""
     os.environ["DSPARK_DB"] = f"sqlite:///{tmp_path / 'kb.sqlite'}"
     try:
-        assert cli.main(["profile", "--model", "llama-3.1-70b", "--gpu", "h200"]) == 0
+        assert cli.main(["profile", "--model", "llama-3.1-70b", "--gpu", "h200", "--drafter", "none"]) == 0
         assert cli.main(["tune", "--trials", "2", "--out", str(tmp_path / "b")]) in (0, 2)
     finally:
         del os.environ["DSPARK_DB"]

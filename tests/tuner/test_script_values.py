@@ -32,7 +32,8 @@ REFUSED = {"newline": "a\nb", "carriage return": "a\rb", "NUL": "a\0b", "escape"
 COMMON = {"study": "s", "trial_number": 0, "mode": "simulate", "hw_name": "H100-SXM", "model_name": "Qwen3-8B"}
 OPTION = {"model_path": "--model", "model_name": "--model", "draft_path": "--drafter", "study": "--study",
           "hw_name": "--gpu"}
-TOKEN_KEYS = {"head", "verify_mode"}  # rendered inside double quotes: inert characters only, refused otherwise
+TOKEN_KEYS = {"head", "verify_mode", "method", "sglang_algorithm", "adaptive_file"}  # rendered inside double quotes
+# or a flag's value: inert characters only, refused otherwise
 STUB = """#!/usr/bin/env bash
 printf '%s\\0' "$(basename "$0")" "$@" > "$ARGV_LOG"
 """
@@ -124,7 +125,7 @@ def test_every_value_a_script_carries_is_inert_and_arrives_whole(variant, tmp_pa
             assert (_after(argv, "--model-path") if script == "sglang.sh" else argv[2]) == ALLOWED
         if key == "draft_path" and script == "sglang.sh":
             assert _after(argv, "--speculative-draft-model-path") == ALLOWED
-        if key == "draft_path" and ctx.get("needs_draft"):
+        if key == "draft_path" and ctx.get("needs_draft") and script == "vllm.sh":
             assert json.loads(_after(argv, "--speculative-config"))["model"] == ALLOWED
     assert checked >= len(COMMON) + 3
 

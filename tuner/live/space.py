@@ -34,6 +34,8 @@ def engine_space(space: SearchSpace, spec) -> SearchSpace:  # noqa: ANN001 - tun
             continue
         if name in narrow and isinstance(d, CategoricalDistribution):
             keep = [c for c in d.choices if c in narrow[name]]
+            if name == "spec.method" and "draft_model" in narrow[name] and "draft_model" not in keep:
+                keep.append("draft_model")  # tune --draft gives the deployment a draft model the profile did not list
             if not keep:
                 fixed[name] = narrow[name][0]
                 continue

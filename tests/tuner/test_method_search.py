@@ -1,0 +1,116 @@
+"""spec.method is searched among the methods the deployment has drafters for (kb/method_choice.py), the simulator
+prices the chosen one with its own acceptance, and a model without a DSpark drafter deploys a method it can run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kb.match import match_profile
+from profiler.schema import Profile
+from tests.tuner.fixtures import QWEN3_8B_H100
+from tuner.space import engine_defaults
+
+AVAILABLE = ["dspark", "eagle3", "dflash", "ngram", "suffix", "none"]
+DSPARK = {"id": "deepseek-ai/dspark_qwen3_8b_block7", "method": "dspark", "heads": ["markov"], "layers": 5,
+          "block_size": 7, "checkpoint": "deepseek-ai/dspark_qwen3_8b_block7", "available": AVAILABLE}
+
+
+def _profile(**drafter: Any) -> Profile:
+    return Profile.model_validate({**QWEN3_8B_H100, "drafter": drafter})
+
+
+def test_the_plan_searches_what_the_deployment_can_run_preferring_its_drafter():
+    plan = match_profile([], _profile(**DSPARK))
+    entry = plan.space["spec.method"]
+    assert set(entry.choices) == {"dspark", "eagle3", "dflash", "ngram", "suffix"}  # "none": spec.enabled's business
+    assert plan.prefer["spec.method"].value == "dspark"
+    assert any("drafter.available" in r for r in plan.resolutions)
+
+
+def test_never_dspark_without_a_dspark_checkpoint():
+    plan = match_profile([], _profile(available=AVAILABLE))  # published elsewhere, but no checkpoint chosen here
+    assert "dspark" not in plan.space["spec.method"].choices
+    only_host = match_profile([], _profile(available=["ngram", "suffix", "none"]))
+    assert set(only_host.space["spec.method"].choices) == {"ngram", "suffix"}
+
+
+def test_an_explicit_drafter_fixes_the_method_and_old_profiles_keep_dspark():
+    plan = match_profile([], _profile(chosen="eagle3", method="eagle3", checkpoint="x/eagle3", available=AVAILABLE))
+    assert plan.fixed["spec.method"].value == "eagle3" and "spec.method" not in plan.space
+    for old in (_profile(), _profile(chosen="none", available=AVAILABLE)):  # no `available`; --drafter none
+        plan = match_profile([], old)
+        assert "spec.method" not in plan.space and "spec.method" not in plan.fixed  # default: dspark
+
+
+def test_a_committed_drafter_outside_the_catalogue_is_runnable():
+    plan = match_profile([], _profile(**{**DSPARK, "available": ["ngram", "suffix", "none"]}))
+    assert "dspark" in plan.space["spec.method"].choices and plan.prefer["spec.method"].value == "dspark"
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    from tuner.objective import SimulateEvaluator
+
+    return SimulateEvaluator(_profile(**DSPARK), n_requests=24, repeats=1)
+
+
+def _params(**kw: Any) -> dict[str, Any]:
+    return {**engine_defaults(), "spec.block_size": 4, "batch.max_requests": 16, "batch.max_tokens": 4096,
+            "spec.head": "markov", "spec.draft_layers": 5, **kw}
+
+
+def test_the_simulator_prices_the_chosen_method_with_its_own_acceptance(evaluator):
+    from tuner.acceptance import acceptance_of
+
+    got = {m: evaluator.evaluate(_params(**{"spec.method": m})) for m in ("dspark", "eagle3", "ngram")}
+    assert all(e.feasible for e in got.values())
+    taus = {m: e.metrics["tau"] for m, e in got.items()}
+    assert len({round(t, 3) for t in taus.values()}) == 3  # three methods, three acceptances
+    for m in ("eagle3", "ngram"):  # the drawn tau follows the method's own model (24 requests: within 15%)
+        want = acceptance_of(evaluator.profile, m).tau(4)
+        assert abs(taus[m] - want) / want < 0.15, (m, taus[m], want)
+    assert len({round(e.metrics["throughput"]) for e in got.values()}) == 3
+
+
+def test_mtp_needs_the_module_in_the_target(evaluator):
+    e = evaluator.evaluate(_params(**{"spec.method": "mtp"}))
+    assert not e.feasible and "MTP" in e.why
+
+
+def test_a_measured_study_keeps_dspark_the_bundled_engine_runs():
+    from tuner.study import StudySpec
+
+    prof = _profile(**DSPARK)
+    plan = match_profile([], prof)
+    spec = StudySpec(profile=prof.model_dump(mode="json"), plan=plan.model_dump(mode="json"), mode="measure")
+    space = spec.space()
+    assert "spec.method" not in space.distributions and space.fixed["spec.method"] == "dspark"
+
+
+@pytest.mark.parametrize("model, method, algorithm", [("llama-3.1-70b", "ngram", "NGRAM"),
+                                                      ("deepseek-v3", "mtp", "NEXTN")])
+def test_models_without_a_dspark_drafter_deploy_what_they_can_run(model, method, algorithm):
+    """Built from the real catalogue: the plan offers no DSpark, and the scripts name the engines' own method
+    without asking for a drafter."""
+    import json
+
+    from profiler.build import build_profile
+    from tuner.launch import SGLANG_TEMPLATE, VLLM_TEMPLATES, template_env
+    from tuner.targets import sglang_context, vllm_context
+
+    prof = build_profile(model, "h200", "chat", measure=False, entropy=False, gpus=8)
+    plan = match_profile([], prof, feasible=False)  # the method, whatever layout fits
+    choices = plan.space["spec.method"].choices if "spec.method" in plan.space else [plan.fixed["spec.method"].value]
+    assert "dspark" not in choices and method in choices
+    p = _params(**{"spec.method": method, "parallel.tp": 8, "parallel.ep": 1, "weights.dtype": "auto"})
+    env = template_env()
+    common = {"study": "s", "trial_number": 0, "mode": "simulate", "hw_name": "H200", "model_name": model}
+    sh = env.get_template(SGLANG_TEMPLATE).render(**common, **sglang_context(prof, p, max_seq_len=4096))
+    assert f"--speculative-algorithm {algorithm}" in sh and "DRAFT_MODEL_PATH" not in sh
+    assert "DSPARK" not in sh and "SGLANG_RAGGED_VERIFY_MODE" not in sh
+    ctx = vllm_context(prof, p, max_seq_len=4096)
+    spec = json.loads(env.get_template(VLLM_TEMPLATES[0]).render(**common, **ctx))
+    assert spec["method"] == method and "model" not in spec and spec["num_speculative_tokens"] == 4
+    assert "DRAFT_MODEL_PATH" not in env.get_template(VLLM_TEMPLATES[1]).render(**common, **ctx)
