@@ -151,7 +151,8 @@ def predict(rows: list[dict[str, Any]], every: list[dict[str, Any]] | None = Non
         rec = {"id": row["id"], "use": row["use"], "measured": (row.get("measured") or {}).get("speedup"),
                "tau_measured": (row.get("measured") or {}).get("acceptance_length") is not None,
                "series": "|".join(str(row.get(k)) for k in ("dataset", "temperature", "isl", "osl", "topk")) +
-               (f"|{row.get('draft_tokens')}" if int(row.get("topk") or 1) > 1 else "")}
+               (f"|{row.get('draft_tokens')}" if int(row.get("topk") or 1) > 1 else ""),
+               **({"sweep": row["sweep"]} if row.get("sweep") else {})}
         if case is None:
             out.append(rec | {"skipped": why})
             continue
@@ -188,10 +189,14 @@ def predict(rows: list[dict[str, Any]], every: list[dict[str, Any]] | None = Non
 
 def sweeps(preds: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Rows of one published series: same source, model, GPU, method, engine, dataset and lengths, differing only
-    in depth or only in concurrency (at least three of them)."""
+    in depth or only in concurrency (at least three of them); or the rows a source published as one series with
+    the configuration it chose per point (`sweep: NAME`, varying concurrency)."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for p in preds:
         if "predicted" not in p:
+            continue
+        if p.get("sweep"):
+            groups.setdefault(f"{p['sweep']}|by concurrency", []).append(p)
             continue
         prefix = "_".join(p["id"].split("_")[:2])
         for vary, fixed in (("steps", "concurrency"), ("concurrency", "steps")):

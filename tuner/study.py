@@ -348,12 +348,32 @@ def run_worker(db_url: str, name: str, target: int, worker: int = 0, timeout: fl
                     from tuner.live.order import hot_siblings
 
                     hot_siblings(study, space, evaluator, last[-1], spec.hot_trials)
+            wait_for_others(study, deadline)
     finally:
         stop_heartbeats()  # a Ctrl-C inside Optuna's heartbeat start leaves a thread that blocks the exit
         close = getattr(evaluator, "close", None)
         if close is not None:  # a live study's running server stops here, even on Ctrl-C
             close()
     return ran
+
+
+def wait_for_others(study, deadline: float | None, poll_s: float = 0.5) -> None:
+    """Block while trials other workers run on this study (the target is met by counting them), so what this
+    process exports next has their results: two tuners on one study both end with its completed trials. A trial
+    whose worker is gone is failed by `live` (fail_dead) and stops the wait; so do `deadline` and Ctrl-C."""
+    from optuna.trial import TrialState
+
+    said = False
+    while deadline is None or time.time() < deadline:
+        live(study)  # fails the trials of dead workers first
+        others = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if not others:
+            return
+        if not said:
+            print(f"waiting for {len(others)} trial(s) another worker runs on study {study.study_name!r}",
+                  file=sys.stderr, flush=True)
+            said = True
+        time.sleep(poll_s)
 
 
 def completed(study) -> list[Any]:
