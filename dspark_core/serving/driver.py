@@ -139,6 +139,8 @@ class Driver:
         eng = self.engine
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
         self._failed_steps += 1
+        if self._failed_steps >= FAILING_STEPS:  # before any client hears of the failure: /health agrees at once
+            self.error = f"the last {self._failed_steps} engine steps failed ({reason})"
         try:
             failed = eng.fail_in_flight()
         except Exception as again:  # noqa: BLE001 - the engine cannot even free its slots: it is broken
@@ -161,8 +163,6 @@ class Driver:
         for rid in [r for r in self._streams if r not in live]:  # ended mid-emit: nothing will answer them
             self._send(rid, Chunk("", 0, error=f"request {rid} failed inside the engine ({reason})"))
         self.failed_requests += len(failed)
-        if self._failed_steps >= FAILING_STEPS:
-            self.error = f"the last {self._failed_steps} engine steps failed ({reason})"
         return True
 
     def _batch(self) -> None:
