@@ -73,6 +73,20 @@ def _fail_quietly(study: Any, trial_id: int, fault: BaseException) -> bool:
             time.sleep(0.5)
 
 
+def _fail_orphans(study: Any) -> None:
+    """After a fault inside ask(): the trial it had created is RUNNING with this process's identity but runs
+    nowhere; fail it (and any dead worker's) once the server is back, retried for FAIL_RETRY_S."""
+    deadline = time.monotonic() + FAIL_RETRY_S
+    while True:
+        try:
+            fail_dead(study)
+            return
+        except Exception as e:
+            if not is_storage_fault(e) or time.monotonic() >= deadline:
+                return
+            time.sleep(0.5)
+
+
 def fault_line(study_name: str, e: BaseException, trial_number: int | None = None, stored: bool = True) -> str:
     """The one line a database fault ends the study with: what failed, what happened to the trial, what to do."""
     where = f" during trial {trial_number}" if trial_number is not None else ""
@@ -116,9 +130,13 @@ def _run(study: Any, objective: Callable[[Any], Any], callbacks: list[Callable[[
     from optuna.storages._heartbeat import get_heartbeat_thread
     from optuna.trial import TrialState
 
-    with faults_as_one_line(study.study_name):
-        fail_dead(study)
-        trial = study.ask()
+    try:
+        with faults_as_one_line(study.study_name):
+            fail_dead(study)
+            trial = study.ask()
+    except StorageFault:
+        _fail_orphans(study)
+        raise
     tid = trial._trial_id
     RUNNING_HERE.add(tid)
     error: BaseException | None = None
