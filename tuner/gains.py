@@ -24,7 +24,6 @@ from profiler.schema import Profile
 
 SPEEDUP_CONCURRENCY = (1, 4, 16, 64)  # closed-loop clients the speedup plot is predicted at
 PLOT_REQUESTS_PER_CLIENT = 4  # requests per client in a plot point (a point is a ratio: both arms share the draws)
-SGLANG_SPEC_RUNNING = 48  # SGLang resets --max-running-requests to 48 when speculating without one
 SGLANG_STEPS = {"eagle3": 3, "mtp": 3, "draft_model": 3, "ngram": 11, "suffix": 24}  # see the module docstring
 LLAMA_TREE = (5, 4, 8)  # SGLang's EAGLE default for LlamaForCausalLM: steps, topk, draft tokens
 
@@ -40,6 +39,13 @@ class Row:
     metrics: dict[str, float]
     feasible: bool = True
     why: str = ""
+
+
+def _sglang_running() -> int:
+    """SGLang's cap on running requests when speculating without --max-running-requests (spec_costs.yaml)."""
+    from tuner.methods import engine_costs
+
+    return engine_costs("sglang").max_running
 
 
 def default_steps(profile: Profile, method: str) -> tuple[int, int, int]:
@@ -64,7 +70,7 @@ def default_params(profile: Profile, params: dict[str, Any]) -> dict[str, Any]:
     out = {**params, "spec.enabled": True, "spec.block_size": steps, "spec.max_verify_tokens": min(16, steps),
            "spec.scheduler": "verify_all", "spec.adaptive_gamma": False, "spec.gamma_policy": "static",
            "spec.fallback_acceptance": 0.0, "spec.topk": topk, "spec.draft_tokens": tokens,
-           "batch.max_requests": SGLANG_SPEC_RUNNING, "batch.cuda_graph_max_bs": 0}
+           "batch.max_requests": _sglang_running(), "batch.cuda_graph_max_bs": 0}
     if d is not None and d.sglang_tp == int(params.get("parallel.tp", 1)):
         if d.sglang_chunked_prefill:
             out["batch.chunked_prefill"] = int(d.sglang_chunked_prefill)
@@ -81,7 +87,7 @@ def comparison(evaluator: Any, params: dict[str, Any], seed: int) -> list[Row]:
         dflt = default_params(evaluator.profile, params)
         tree = f", topk {dflt['spec.topk']} / {dflt['spec.draft_tokens']} draft tokens" if dflt["spec.topk"] > 1 else ""
         cases.append(("engine default", dflt, f"SGLang's defaults for {method}: {dflt['spec.block_size']} draft "
-                                              f"tokens{tree}, {SGLANG_SPEC_RUNNING} running requests"))
+                                              f"tokens{tree}, {_sglang_running()} running requests"))
     cases.append(("no speculation", {**params, "spec.enabled": False}, "the exported configuration, speculation off"))
     rows = []
     for label, p, how in cases:

@@ -207,10 +207,24 @@ def _draft_forward(target: PerfModel, d: Drafting, rows: int, requests: int, con
     seq = getattr(target, "seq_draft_step", None)
     if seq is not None and d.method in ("eagle3", "mtp"):
         return seq(d, rows, requests, context)
-    dtype = target.weights_dtype if d.method == "mtp" else "bf16"
-    net = PerfModel(draft_net(target.shape, d), target.hw, target.eff, dtype, target.kv_dtype, target.tp,
-                    target.cuda_graph_max_bs)
-    return net.step(rows, context, requests).seconds
+    return _draft_perf(target, d).step(rows, context, requests).seconds
+
+
+_DRAFT_NETS: dict[tuple[int, Drafting], tuple[PerfModel, PerfModel]] = {}  # (id(target), d) -> (target, draft's)
+
+
+def _draft_perf(target: PerfModel, d: Drafting) -> PerfModel:
+    """The kernel model of the draft network, built once per target and drafting (not twice per simulated round)."""
+    key = (id(target), d)
+    got = _DRAFT_NETS.get(key)
+    if got is None or got[0] is not target:
+        if len(_DRAFT_NETS) >= 64:
+            _DRAFT_NETS.clear()
+        dtype = target.weights_dtype if d.method == "mtp" else "bf16"
+        got = (target, PerfModel(draft_net(target.shape, d), target.hw, target.eff, dtype, target.kv_dtype,
+                                 target.tp, target.cuda_graph_max_bs))
+        _DRAFT_NETS[key] = got
+    return got[1]
 
 
 def drafting_of(params: dict[str, Any], profile: Any = None, draft_shape: ModelShape | None = None) -> Drafting:
