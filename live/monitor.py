@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import http.client
 import math
+import signal
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -132,14 +134,18 @@ def compare(win: dict[str, Any], pred: dict[str, Any], tolerance: float) -> list
 
 
 def watch(url: str, interval_s: float, samples: int | None, duration_s: float | None,
-          on_sample: Callable[[Sample], None], sleep: Callable[[float], None] = time.sleep,
+          on_sample: Callable[[Sample], None], sleep: Callable[[float], None] | None = None,
           first_done: bool = False) -> int:
-    """Scrape every `interval_s` until `samples` scrapes or `duration_s` seconds (Ctrl-C stops it too); returns
-    the number of scrapes. A scrape that fails after the first is skipped, not fatal: the server may restart
-    (`first_done`: the caller has scraped once already, so every failure is skipped)."""
+    """Scrape every `interval_s` until `samples` scrapes or `duration_s` seconds (Ctrl-C or SIGTERM stops it
+    too, between samples: a sample is stored whole or not at all); returns the number of scrapes. A scrape that
+    fails after the first is skipped, not fatal: the server may restart (`first_done`: the caller has scraped
+    once already, so every failure is skipped)."""
+    stop = threading.Event()
+    wait = sleep if sleep is not None else stop.wait  # a stop wakes the default wait at once
+    previous = _on_stop_signals(stop)
     start, n = time.monotonic(), 0
     try:
-        while samples is None or n < samples:
+        while (samples is None or n < samples) and not stop.is_set():
             t = time.monotonic()
             try:
                 on_sample(scrape(url))
@@ -151,7 +157,19 @@ def watch(url: str, interval_s: float, samples: int | None, duration_s: float | 
                 return n
             if duration_s is not None and time.monotonic() - start + interval_s > duration_s:
                 return n
-            sleep(max(0.0, interval_s - (time.monotonic() - t)))
-    except KeyboardInterrupt:
-        return n
+            wait(max(0.0, interval_s - (time.monotonic() - t)))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return n
+
+
+def _on_stop_signals(stop: threading.Event) -> dict[int, Any]:
+    """Route SIGINT and SIGTERM to `stop` while watching (main thread only: Python delivers signals there);
+    returns the handlers to restore."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous[sig] = signal.signal(sig, lambda *_: stop.set())
+    return previous

@@ -4,6 +4,8 @@ acceptance the tuner simulates is what the server measured; monitor's plot and b
 from __future__ import annotations
 
 import json
+import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -40,6 +42,21 @@ def _dspark_config(tmp: Path, folder: Path | None) -> Path:
     return save_config(cfg, tmp / "dspark.yaml")
 
 
+def _wait_for_first_sample(db: Path, mon: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """Until the monitor has stored its first scrape (a slow machine takes seconds to import the CLI)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert mon.poll() is None, mon.communicate()[1][-2000:]
+        try:
+            with sqlite3.connect(db) as con:
+                if con.execute("SELECT count(*) FROM deployment_samples").fetchone()[0]:
+                    return
+        except sqlite3.OperationalError:  # not created yet
+            pass
+        time.sleep(0.1)
+    raise AssertionError("the monitor stored no sample within a minute")
+
+
 @pytest.fixture
 def served(request) -> tuple[str, Path | None]:
     """(model name for profile, checkpoint folder): the real model where present (CI fetches it), else the tiny
@@ -58,11 +75,13 @@ def test_serve_loadgen_monitor_profile_tune(tmp_path: Path, served: tuple[str, P
     s = Server(_dspark_config(tmp_path, folder), "--static")  # no SPS profiling at start: the loop is the point
     try:
         mon = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "monitor", "--url", s.url, "--interval", "0.3",
-                                "--duration", "12", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                "--duration", "120", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, cwd=ROOT, env=env)
-        time.sleep(2.5)  # its first scrape lands before the traffic
+        _wait_for_first_sample(tmp_path / "kb.sqlite", mon)  # its first scrape lands before the traffic
         records, _ = run(Target.parse(s.url, None), plan_requests("code", 60, 24, seed=0), None, 4, 6.0)
         assert all(r.complete for r in records)
+        time.sleep(1.0)  # a scrape after the last response, however long the traffic took on this machine
+        mon.send_signal(signal.SIGINT)  # Ctrl-C: the watch ends between samples and reports its window
         out, err = mon.communicate(timeout=60)
         assert mon.returncode == 0, err[-2000:]
         watched = json.loads(out)

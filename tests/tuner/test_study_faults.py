@@ -90,13 +90,13 @@ def resume(url: str, name: str, trials: int, out: Path, capsys) -> int:
 
 
 def _fill(folder: Path) -> None:
-    """Take every free byte of the file system `folder` is on."""
-    with open(folder / "filler", "wb") as f:
+    """Take every free byte of the file system `folder` is on. Unbuffered: a buffered file that met ENOSPC keeps
+    the bytes it could not write and raises the same error again when it is closed."""
+    with open(folder / "filler", "wb", buffering=0) as f:
         chunk = b"\0" * (1 << 16)
         try:
             while True:
                 f.write(chunk)
-                f.flush()
         except OSError:
             pass
 
