@@ -295,9 +295,10 @@ def _fit_error(data: dict[str, Any], engine: str, point: dict[str, int], mine: l
     return sum(math.log(p["ratio"]) ** 2 for p in preds) / max(1, len(preds)), [p["id"] for p in preds]
 
 
-def fit(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per engine, the per-round constants minimising the squared log ratio on its fit rows: coordinate search over
-    FIT_GRID (two passes), the constants a row set cannot identify left at zero."""
+def fit(rows: list[dict[str, Any]], engines: set[str] | None = None) -> dict[str, Any]:
+    """Per engine (`engines`, default all), the per-round constants minimising the squared log ratio on its fit
+    rows: coordinate search over FIT_GRID (two passes), the constants a row set cannot identify left at zero. An
+    engine not refitted keeps its constants from the file."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -307,8 +308,10 @@ def fit(rows: list[dict[str, Any]]) -> dict[str, Any]:
     _POOL = ProcessPoolExecutor(FIT_WORKERS, mp_context=multiprocessing.get_context("fork"))
     fitted: dict[str, Any] = {}
     data = yaml.safe_load(methods.COSTS_FILE.read_text())
-    data["fitted"] = {}
-    for engine in sorted({engine_of(r) for r in rows if r["use"] == "fit"}):
+    kept = {e: v for e, v in (data.get("fitted") or {}).items() if engines is not None and e not in engines}
+    fitted.update(kept)
+    data["fitted"] = dict(kept)
+    for engine in sorted({engine_of(r) for r in rows if r["use"] == "fit"} - set(kept)):
         mine = fit_rows(rows, engine)
         if len(mine) < 3:
             continue
@@ -336,13 +339,17 @@ def fit(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fit", action="store_true", help="refit the engines' per-round constants and write them")
+    ap.add_argument("--engines", help="with --fit: refit only these engines (comma-separated), keep the others'")
     ap.add_argument("--write", action="store_true", help="write the section into benchmarks/RESULTS.md")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     rows = yaml.safe_load(ROWS.read_text())
     t0 = time.perf_counter()
     if a.fit:
-        fitted = fit(rows)
+        wanted = set(a.engines.split(",")) if a.engines else None
+        if wanted and not wanted <= set(ENGINES):
+            ap.error(f"--engines: choose from {', '.join(sorted(ENGINES))}")
+        fitted = fit(rows, wanted)
         _write_fit(fitted)
     preds = predict(rows)
     result = {"fit_rows": summary(preds, "fit"), "check_rows": summary(preds, "check"), "all": summary(preds),

@@ -95,8 +95,9 @@ def _model_path(profile: Profile) -> str | None:
     return str(folder)
 
 
-def resolve(profile: Profile) -> tuple[AicTarget | None, str]:
-    """The AIC target for this profile, or None and why AIC cannot price it."""
+def resolve(profile: Profile, engine: str = "sglang") -> tuple[AicTarget | None, str]:
+    """The AIC target for this profile as `engine` runs it (its own kernel tables where AIC timed that engine, else
+    SGLang's), or None and why AIC cannot price it."""
     cat = catalog()
     have = installed_version()
     if have is None:
@@ -109,7 +110,11 @@ def resolve(profile: Profile) -> tuple[AicTarget | None, str]:
     path = _model_path(profile)
     if path is None:
         return None, f"AIC cannot read the architecture of {profile.model.name or 'this model'}"
-    return AicTarget(path, row["system"], row["database"], cat["backend"]), ""
+    backend = cat["backends"].get(engine, cat["backend"])
+    database = row["database"] if backend == cat["backend"] else row.get(backend)
+    if database is None:
+        return None, f"aic.yaml names no {backend} database for {profile.hw.name}"
+    return AicTarget(path, row["system"], database, backend), ""
 
 
 class _Handle:
@@ -197,21 +202,21 @@ def unsupported(target: AicTarget, weights: str, kv: str) -> str:
     """Why AIC's database cannot price these dtypes on this system ("" when it can)."""
     cat = catalog()
     if weights not in cat["gemm_quant"]:
-        return f"AIC's SGLang database has no {weights} GEMMs"
+        return f"aic.yaml maps no {weights} GEMMs to an AIC quant mode"
     if kv not in cat["kv_quant"]:
-        return f"AIC's SGLang database has no {kv} KV cache"
-    have = _measured_dtypes(target.system, target.database)
+        return f"aic.yaml maps no {kv} KV cache to an AIC quant mode"
+    have = _measured_dtypes(target.system, target.backend, target.database)
     if cat["gemm_quant"][weights] not in have:
-        return f"AIC has not measured {weights} GEMMs on {target.system}"
+        return f"AIC has not measured {weights} GEMMs on {target.system} under {target.backend}"
     return ""
 
 
 @cache
-def _measured_dtypes(system: str, database: str) -> frozenset[str]:
+def _measured_dtypes(system: str, backend: str, database: str) -> frozenset[str]:
     import aiconfigurator_core
     import pyarrow.parquet as pq
 
-    root = Path(aiconfigurator_core.__file__).parent / "systems" / "data" / system / "gemm" / "sglang" / database
+    root = Path(aiconfigurator_core.__file__).parent / "systems" / "data" / system / "gemm" / backend / database
     files = list(root.glob("*.parquet"))
     return frozenset(str(v) for f in files for v in pq.read_table(f, columns=["gemm_dtype"]).column(0).unique()
                      .to_pylist())
@@ -340,12 +345,13 @@ def _nearest_measured(target: AicTarget, weights: str, kv: str) -> str | None:
     return next((d for d in order if not unsupported(target, d, kv)), None)
 
 
-def aic_perf(base: PerfModel, profile: Profile) -> tuple[PerfModel, str]:
-    """`base` re-priced from AIC's database when it covers the profile and the dtypes (a weight dtype it has not
-    measured: scaled from the nearest measured one by the roofline); else `base` and why not."""
+def aic_perf(base: PerfModel, profile: Profile, engine: str = "sglang") -> tuple[PerfModel, str]:
+    """`base` re-priced from AIC's database (the tables of `engine` where AIC timed it) when it covers the profile
+    and the dtypes (a weight dtype it has not measured: scaled from the nearest measured one by the roofline);
+    else `base` and why not."""
     from dataclasses import replace
 
-    target, why = resolve(profile)
+    target, why = resolve(profile, engine)
     if target is None:
         return base, why
     weights = base.weights_dtype

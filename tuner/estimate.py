@@ -8,8 +8,9 @@ The load is a closed loop of `concurrency` clients, each sending requests of `is
 tokens; throughput is read in the steady state between ramp-up and drain, as in a study. The engine is SGLang
 (the simulator's reference engine) with its defaults for the method: when speculating it runs at most 48 requests
 and captures CUDA graphs up to there (tuner/catalog/spec_costs.yaml); a bench on published rows may name another
-engine. The acceptance is `tau` when given (the method's published per-position shape scaled to it), else the
-model's catalogued drafter for the method, else the method's published prior.
+engine, whose round costs, defaults and (where AIC timed that engine) kernel tables then price it. The acceptance
+is `tau` when given (the method's published per-position shape scaled to it), else the model's catalogued drafter
+for the method, else the method's published prior.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Case:
     topk: int = 1  # EAGLE tree branching
     draft_tokens: int = 0  # EAGLE tree: tokens verified per request (incl. the root)
     tau: float | None = None  # accepted tokens per round incl. the bonus
-    engine: str = "sglang"  # whose round costs and defaults (the CLI keeps sglang)
+    engine: str = "sglang"  # whose round costs, defaults and AIC kernel tables (the CLI keeps sglang)
     kv_dtype: str = "auto"
     cost: str = "auto"  # auto | aic | roofline
 
@@ -155,8 +156,10 @@ def _run(profile: Any, case: Case, tp: int, method: str, draft: Any = None) -> d
         params["spec.head"] = "markov"
     if method == "dflash":
         params["spec.head"] = "none"
-    cost = "aic" if case.cost == "auto" and _aic_covers(profile) else ("roofline" if case.cost == "auto" else case.cost)
-    ev = SimulateEvaluator(profile, n_requests=REQUESTS_PER_CLIENT * case.concurrency, repeats=2, cost=cost)
+    cost = "aic" if case.cost == "auto" and _aic_covers(profile, case.engine) else (
+        "roofline" if case.cost == "auto" else case.cost)
+    ev = SimulateEvaluator(profile, n_requests=REQUESTS_PER_CLIENT * case.concurrency, repeats=2, cost=cost,
+                           engine=case.engine)
     perf, why = ev.perf_why(params)
     accept = acceptance_of(profile, method, str(params.get("spec.head", "markov")),
                            int(params.get("spec.draft_layers") or 1))
@@ -182,12 +185,12 @@ def _run(profile: Any, case: Case, tp: int, method: str, draft: Any = None) -> d
             "cost_source": perf.cost_source + (f" ({why})" if why else "")}
 
 
-def _aic_covers(profile: Any) -> bool:
+def _aic_covers(profile: Any, engine: str = "sglang") -> bool:
     try:
         from tuner.aic import resolve
     except ImportError:
         return False
     try:
-        return resolve(profile)[0] is not None
+        return resolve(profile, engine)[0] is not None
     except Exception:  # noqa: BLE001 - the extra is optional; any failure of it means the roofline prices
         return False

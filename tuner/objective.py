@@ -62,7 +62,7 @@ class SimulateEvaluator(Evaluator):
     mode = "simulate"
 
     def __init__(self, profile: Profile, n_requests: int | None = None, efficiency=None, repeats: int = 2,
-                 cost: str = "roofline", calibration: dict[str, Any] | None = None) -> None:
+                 cost: str = "roofline", calibration: dict[str, Any] | None = None, engine: str = "sglang") -> None:
         from tuner.perf import Efficiency, Hardware, ModelShape
 
         self.profile = profile
@@ -72,13 +72,14 @@ class SimulateEvaluator(Evaluator):
             efficiency = Efficiency(**calibration["efficiency"])
         self.eff = efficiency or Efficiency.prior(profile.hw)
         self.cost = cost  # "aic": price forwards from AIConfigurator's database where it covers them
+        self.engine = engine  # whose AIC kernel tables price them (tuner/catalog/aic.yaml backends)
         # live trials on this hardware (tuner/live/calibration.py): measured / simulated throughput, a time scale
         self.calibration = calibration
         if cost == "aic":
             from tuner.aic import resolve
             from tuner.errors import TunerError
 
-            target, why = resolve(profile)
+            target, why = resolve(profile, engine)
             if target is None:
                 raise TunerError(f"--cost aic: {why}")
         # six requests per client of the closed loop: throughput is read between ramp-up and drain, a window of
@@ -105,7 +106,7 @@ class SimulateEvaluator(Evaluator):
             return base, ""
         from tuner.aic import aic_perf
 
-        return aic_perf(base, self.profile)
+        return aic_perf(base, self.profile, self.engine)
 
     def cost_label(self) -> str:
         """The cost source for reports: aic:<system>/<backend>/<version>, or roofline (with its priors)."""

@@ -140,3 +140,21 @@ def test_roofline_priors_are_what_the_kernel_tables_give():
     rows = [f.facts(gpu, v["system"], v["database"]) for gpu, v in catalog()["systems"].items()]
     assert yaml.safe_load(PRIORS.read_text())["architectures"] == \
         yaml.safe_load(yaml.safe_dump({"architectures": f.priors(rows)}))["architectures"]
+
+
+@needs_aic
+def test_an_engine_aic_timed_is_priced_with_its_own_tables_and_nvfp4_natively():
+    """A TensorRT-LLM deployment reads TRT-LLM's kernel tables (an nvfp4 checkpoint on B200 at nvfp4, which AIC
+    measured there); an engine AIC has no tables for (HF transformers) reads SGLang's."""
+    perf, p = base("DeepSeek-V3", "b200", weights_dtype="nvfp4", tp=8)
+    for engine, want in (("trtllm", "aic:b200_sxm/trtllm/1.3.0rc20"), ("vllm", "aic:b200_sxm/vllm/0.24.0"),
+                         ("transformers", "aic:b200_sxm/sglang/0.5.14"), ("sglang", "aic:b200_sxm/sglang/0.5.14")):
+        target, why = resolve(p, engine)
+        assert target is not None and target.source() == want, why
+    trt, why = aic_perf(perf, p, "trtllm")
+    assert not why and trt.cost_source == "aic:b200_sxm/trtllm/1.3.0rc20"  # measured: not scaled from fp8
+    sgl, _ = aic_perf(perf, p, "sglang")
+    assert trt.step(4, 2048, 1).seconds != sgl.step(4, 2048, 1).seconds
+    h100, q = base("DeepSeek-V3", "h100", weights_dtype="nvfp4", tp=8)  # Hopper: no FP4 kernels timed
+    scaled, _ = aic_perf(h100, q, "trtllm")
+    assert scaled.cost_source == "aic:h100_sxm/trtllm/1.3.0rc20 (nvfp4 as fp8 x roofline ratio)"
