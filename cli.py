@@ -20,6 +20,24 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("dspark-tune")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            v = "unknown (not installed: pip install -e .)"
+        print(f"dspark-tune {v}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(show: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                    help="Print the version and exit.")) -> None:
+    """Profile a model, GPU and workload; match deployment rules; tune and export DSpark speculative decoding."""
+
+
 @cache
 def _register() -> None:
     """Add every layer's commands to `app`, once per process: `main` is called many times in one process by

@@ -138,11 +138,13 @@ def rules_stats(db: DbOpt = None, rules: RulesOpt = None, as_json: JsonOpt = Fal
 
 
 @rules_app.command("search")
-def rules_search(text: Annotated[str, typer.Argument(help="Words to look for (all must appear).")],
+def rules_search(text: Annotated[list[str], typer.Argument(help="Words to look for (all must appear).")],
                  db: DbOpt = None, rules: RulesOpt = None, as_json: JsonOpt = False) -> None:
-    """Find rules whose id, title, rationale, references, tags or parameters mention the text."""
+    """Find rules whose id, title, rationale, references, tags or parameters mention every word
+    (`rules search gamma chat`, or quoted: `rules search "gamma chat"`)."""
     database, _ = open_synced(db, rules)
-    words = text.lower().split()
+    words = " ".join(text).lower().split()
+    text = " ".join(words)
     hits = [r for r in _rule_rows(database)
             if all(w in json.dumps(r.body).lower() for w in words)]
     if as_json:

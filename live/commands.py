@@ -202,8 +202,8 @@ def monitor_list_cmd(db: DbOpt = None, json_out: JsonOpt = False) -> None:
 @monitor_app.command("report")
 def monitor_report_cmd(
     deployment: Annotated[str, typer.Option(help="Deployment id, or latest.")] = "latest",
-    out: Annotated[Path | None, typer.Option(help="PNG to write (default: monitor_<id>.png here; an existing file "
-                                                  "needs --force).")] = None,
+    out: Annotated[Path | None, typer.Option(help="PNG to write (default: monitor/monitor_<id>.png beside the "
+                                                  "database; an existing file needs --force).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
     db: DbOpt = None,
     json_out: JsonOpt = False,
@@ -220,7 +220,7 @@ def monitor_report_cmd(
     if len(samples) < 2:
         raise ProfileError(f"deployment {dep} has {len(samples)} sample(s); a report needs two or more (monitor "
                            "with --samples 2 or more)")
-    path = out or Path(f"monitor_{dep}.png")
+    path = out or _reports_dir(db) / f"monitor_{dep}.png"
     if path.exists() and not force:
         raise ProfileError(f"--out {path} exists; pass --force to replace it or choose another file")
     whole = report_png(info, samples, path)
@@ -228,6 +228,22 @@ def monitor_report_cmd(
         print_json({"deployment_id": dep, "png": str(path), "window": whole})
         return
     console.print(f"deployment {dep}: {len(samples)} samples -> {path}")
+
+
+def _reports_dir(db: str | None) -> Path:
+    """Where a report goes by default: monitor/ beside the SQLite database (the data folder for a server database),
+    never the current folder."""
+    from kb.db import default_url, resolve_url
+
+    url = resolve_url(db)
+    if not url.startswith("sqlite:///"):
+        url = default_url()
+    folder = Path(url.removeprefix("sqlite:///")).parent / "monitor"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ProfileError(f"cannot create {folder} for the report ({e.strerror}); pass --out FILE") from None
+    return folder
 
 
 def register(app: typer.Typer) -> None:

@@ -1,9 +1,11 @@
 """Workload profile: a preset (chat, code, math, mixed) or a JSONL file of requests; entropy.
 
-JSONL format (DESIGN.md section 3), one request per line:
-``{"prompt": "...", "output_len": 128, "domain": "code", "arrival_s": 0.25}`` with all but
-``prompt`` optional. Token lengths come from the runnable model's tokenizer when one is given,
-else from a 4-characters-per-token estimate (the profile notes which).
+JSONL formats (docs/workloads.md), one request per line, either ours:
+``{"prompt": "...", "output_len": 128, "domain": "code", "arrival_s": 0.25}`` with all but ``prompt`` optional,
+or OpenAI's chat shape: ``{"messages": [{"role": "user", "content": "..."}], "max_tokens": 128}`` (also inside an
+OpenAI Batch API line's ``body``; a trailing assistant message is the reference answer: its length, when no
+``max_tokens`` is given, is the output length). Token lengths come from the runnable model's tokenizer when one is
+given, else from a 4-characters-per-token estimate (the profile notes which).
 """
 
 from __future__ import annotations
@@ -36,6 +38,54 @@ class Request(BaseModel):
     _line: int = PrivateAttr(0)  # line of the file it came from
 
 
+class _Part(BaseModel):
+    """One part of a message's content list (text parts count; an image or audio part has no text to time)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")  # name, tool_calls, ...: not part of the prompt text
+    role: str = Field(min_length=1)
+    content: str | list[_Part] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "\n".join(p.text for p in self.content if p.type == "text" and p.text)
+        return self.content or ""
+
+
+class _Chat(BaseModel):
+    """An OpenAI chat request line (the Batch API's `body`, or the request itself)."""
+
+    model_config = ConfigDict(extra="allow")  # model, temperature, custom_id, ...
+    messages: list[_Message] = Field(min_length=1, max_length=100_000)
+    max_tokens: int | None = Field(None, ge=1, le=1_048_576)
+    max_completion_tokens: int | None = Field(None, ge=1, le=1_048_576)
+
+
+def _from_chat(obj: dict[str, Any]) -> dict[str, Any]:
+    """Our request fields from an OpenAI chat line: the prompt is the messages as `role: text` lines (what a chat
+    template adds is a few tokens per message), the output length `max_tokens` / `max_completion_tokens`, else a
+    trailing assistant message's estimated length."""
+    body = obj.get("body") if isinstance(obj.get("body"), dict) else obj
+    chat = _Chat.model_validate(body)
+    msgs = list(chat.messages)
+    answer = msgs.pop().text() if len(msgs) > 1 and msgs[-1].role == "assistant" else None
+    out: dict[str, Any] = {"prompt": "\n".join(f"{m.role}: {m.text()}" for m in msgs)}
+    n = chat.max_tokens or chat.max_completion_tokens
+    if n is None and answer:
+        n = max(1, round(len(answer) / CHARS_PER_TOKEN))
+    if n is not None:
+        out["output_len"] = n
+    for key in ("domain", "arrival_s"):  # ours, allowed beside the OpenAI fields
+        if key in obj:
+            out[key] = obj[key]
+    return out
+
+
 def _pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     idx = min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))
@@ -59,14 +109,16 @@ def read_requests(path: str | os.PathLike[str]) -> list[Request]:
     out: list[Request] = []
     try:
         for lineno, obj in read_jsonl(p):
+            chat = isinstance(obj, dict) and ("messages" in obj or isinstance(obj.get("body"), dict))
             try:
-                req = Request.model_validate(obj)
+                req = Request.model_validate(_from_chat(obj) if chat else obj)
             except ValidationError as e:
                 err = e.errors()[0]
                 loc = ".".join(str(x) for x in err["loc"]) or "line"
-                raise ProfileError(f"{p}:{lineno}: {loc}: {err['msg']} (expected {{\"prompt\": str, "
-                                   f"\"output_len\"?: int >= 1, \"domain\"?: str, \"arrival_s\"?: float >= 0}})"
-                                   ) from None
+                shape = ('{"messages": [{"role": str, "content": str}], "max_tokens"?: int >= 1}' if chat else
+                         '{"prompt": str, "output_len"?: int >= 1, "domain"?: str, "arrival_s"?: float >= 0}')
+                raise ProfileError(f"{p}:{lineno}: {loc}: {err['msg']} (expected {shape}; formats: "
+                                   "docs/workloads.md)") from None
             req._line = lineno
             out.append(req)
     except DSparkError as e:

@@ -62,7 +62,6 @@ CASES = [  # the issue's findings, each once: argv, words the line must hold
     (["profile", "--gpus", "abc"], ["--gpus"]),
     (["export"], ["--study"]),
     (["bench", "--max-new-tokens", "0"], ["--max-new-tokens"]),
-    (["rules", "search", "fp8", "hopper"], ["hopper"]),
     (["train-policy", "no-such-log.jsonl"], ["round log no-such-log.jsonl not found"]),
     (["train-policy", "no-such-log.jsonl", "--drop", "bias"], ["cannot drop bias", "recent_acceptance"]),
     (["train-gamma-policy", "no-such-log.jsonl"], ["round log no-such-log.jsonl not found"]),
@@ -77,6 +76,11 @@ CASES = [  # the issue's findings, each once: argv, words the line must hold
 def test_bad_usage_is_one_line_and_exit_2(argv, needles, tmp_path):
     r = dspark(*argv, env={"DSPARK_DB": f"sqlite:///{tmp_path / 'kb.sqlite'}"})
     assert_one_line_usage_error(r, *needles)
+
+
+def test_version_prints_and_exits_0():
+    r = dspark("--version")
+    assert r.returncode == 0 and r.stdout.startswith("dspark-tune ") and not r.stderr.strip()
 
 
 def test_help_still_exits_0():

@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
@@ -299,18 +300,23 @@ class AicPerfModel(PerfModel):
 
 @dataclass
 class ScaledAicPerfModel(PerfModel):
-    """A weight dtype AIC has not measured: AIC's price of the same forward in the nearest measured format (FP8 for
-    int8 / int4 / nvfp4 where AIC timed FP8, else bf16), times the roofline's ratio between the two dtypes. The
-    roofline knows what the dtype changes (bytes read, compute peak), AIC the absolute level, so configurations of
-    one case stay ranked on one scale instead of mixing two cost models."""
+    """A weight or KV dtype AIC has not measured: AIC's price of the same forward in the nearest measured format (FP8
+    for int8 / int4 / nvfp4 where AIC timed FP8, else bf16; a bf16 KV cache where AIC lacks the FP8-KV attention
+    table), times the roofline's ratio between the two. The roofline knows what the dtype changes (bytes read,
+    compute peak), AIC the absolute level, so configurations of one case stay ranked on one scale instead of mixing
+    two cost models."""
 
-    ref: AicPerfModel | None = None  # the same deployment in the nearest measured weight format, priced by AIC
+    ref: AicPerfModel | None = None  # the same deployment in the nearest measured dtypes, priced by AIC
     ref_roofline: PerfModel | None = None  # the same, priced by the roofline
 
     @property
     def cost_source(self) -> str:
         assert self.ref is not None
-        return f"{self.ref.cost_source} ({self.weights_dtype} as {self.ref.weights_dtype} x roofline ratio)"
+        parts = [f"{self.weights_dtype} as {self.ref.weights_dtype}"] if self.weights_dtype != self.ref.weights_dtype \
+            else []
+        if self.kv_dtype != self.ref.kv_dtype:
+            parts.append(f"{self.kv_dtype} KV as {self.ref.kv_dtype} KV")
+        return f"{self.ref.cost_source} ({', '.join(parts)} x roofline ratio)"
 
     def _scale(self, ours: StepCost, ref: StepCost, ref_roof: StepCost) -> StepCost:
         s = ref.seconds / ref_roof.seconds if ref_roof.seconds > 0 else 1.0
@@ -323,7 +329,9 @@ class ScaledAicPerfModel(PerfModel):
 
     def prefill(self, tokens: int, prompt: float, requests: int = 1) -> StepCost:
         assert self.ref is not None and self.ref_roofline is not None
-        return self._scale(super().prefill(tokens, prompt, requests), self.ref.prefill(tokens, prompt, requests),
+        # the roofline's own prefill (PerfModel.prefill is a step at half the prompt): calling it through `self`
+        # would dispatch to this class's step and scale twice
+        return self._scale(super().step(tokens, prompt / 2, requests), self.ref.prefill(tokens, prompt, requests),
                            self.ref_roofline.prefill(tokens, prompt, requests))
 
     def draft_step(self, requests: int, gamma: int, context: float, draft_layers: int, head: str,
@@ -336,39 +344,52 @@ class ScaledAicPerfModel(PerfModel):
         return self.ref.seq_draft_step(d, rows, requests, context)
 
 
-def _nearest_measured(target: AicTarget, weights: str, kv: str) -> str | None:
-    """The measured weight format nearest to `weights` in bytes per element: FP8 for 8-bit and narrower formats
-    where AIC timed FP8 GEMMs (int8 W8A8 and FP8 stream the same bytes), else bf16; None when neither is priced."""
+def _variants(target: AicTarget, weights: str, kv: str) -> list[tuple[str, str]]:
+    """The (weights, KV) dtypes to try AIC at, nearest first: the point's own; the measured weight format nearest
+    in bytes per element (FP8 for 8-bit and narrower formats where AIC timed FP8 GEMMs, int8 W8A8 and FP8 streaming
+    the same bytes; else bf16); then each with a bf16 KV cache (AIC lacks some FP8-KV attention tables: MLA's FP8
+    context kernels, FP8 prefill on L40S)."""
     from tuner.perf import DTYPE_BYTES
 
-    order = ("fp8", "bf16") if DTYPE_BYTES.get(weights, 2.0) <= 1.0 else ("bf16",)
-    return next((d for d in order if not unsupported(target, d, kv)), None)
+    near = ("fp8", "bf16") if DTYPE_BYTES.get(weights, 2.0) <= 1.0 else ("bf16",)
+    out: list[tuple[str, str]] = []
+    for k in (kv, "auto"):
+        for w in (weights, *near):
+            if (w, k) not in out and (w == weights or unsupported(target, weights, k)):
+                out.append((w, k))
+    return out
 
 
 def aic_perf(base: PerfModel, profile: Profile, engine: str = "sglang") -> tuple[PerfModel, str]:
-    """`base` re-priced from AIC's database (the tables of `engine` where AIC timed it) when it covers the profile
-    and the dtypes (a weight dtype it has not measured: scaled from the nearest measured one by the roofline);
-    else `base` and why not."""
+    """`base` re-priced from AIC's database (the tables of `engine` where AIC timed it) when it covers the profile.
+    A point AIC cannot price at its own dtypes (a weight format it has not timed, an FP8-KV attention table it
+    lacks) is AIC's price of the nearest variant it can, times the roofline's ratio between the two: one cost model
+    per study, the roofline only saying what the dtype changes. `base` and why, when no variant compiles (the
+    model, GPU or layout is beyond AIC)."""
     from dataclasses import replace
 
     target, why = resolve(profile, engine)
     if target is None:
         return base, why
-    weights = base.weights_dtype
-    why = unsupported(target, weights, base.kv_dtype)
-    priced = weights if not why else _nearest_measured(target, weights, base.kv_dtype)
-    if priced is None:
-        return base, why
-    scaled = priced != weights
     moe = bool(profile.model.num_experts)
-    try:
-        h = handle(target, base.tp, priced, base.kv_dtype, moe)
-    except Exception as exc:  # AIC refuses a layout (e.g. heads not divisible by TP): price it by the roofline
-        return base, f"AIC cannot compile {profile.model.name} at tp {base.tp}: {str(exc).splitlines()[0][:160]}"
-    ref_base = replace(base, weights_dtype=priced)
-    ref = AicPerfModel(ref_base.shape, ref_base.hw, ref_base.eff, priced, base.kv_dtype, base.tp,
-                       base.cuda_graph_max_bs, aic=h, target=target)
-    if not scaled:
-        return ref, ""
-    return ScaledAicPerfModel(base.shape, base.hw, base.eff, weights, base.kv_dtype, base.tp, base.cuda_graph_max_bs,
-                              ref=ref, ref_roofline=ref_base), ""
+    first = ""
+    for weights, kv in _variants(target, base.weights_dtype, base.kv_dtype):
+        why = unsupported(target, weights, kv)
+        if not why:
+            try:
+                h = handle(target, base.tp, weights, kv, moe)
+            except Exception as exc:  # noqa: BLE001 - AIC refuses a layout or lacks a table: try the next variant
+                said = re.sub(r" at /\S+.*$", "", (str(exc).splitlines() or [""])[0])  # no local file paths
+                why = (f"AIC cannot compile {profile.model.name} at tp {base.tp} ({weights} weights, {kv} KV): "
+                       f"{said[:160]}")
+        if why:
+            first = first or why
+            continue
+        ref_base = replace(base, weights_dtype=weights, kv_dtype=kv)
+        ref = AicPerfModel(ref_base.shape, ref_base.hw, ref_base.eff, weights, kv, base.tp, base.cuda_graph_max_bs,
+                           aic=h, target=target)
+        if (weights, kv) == (base.weights_dtype, base.kv_dtype):
+            return ref, ""
+        return ScaledAicPerfModel(base.shape, base.hw, base.eff, base.weights_dtype, base.kv_dtype, base.tp,
+                                  base.cuda_graph_max_bs, ref=ref, ref_roofline=ref_base), ""
+    return base, first

@@ -305,6 +305,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         raise typer.Exit(130) from None
     result = export_study(url, study_name, out)
     summary = {"study": study_name, "trials": len(st.completed(done)), **result.to_json()}
+    _warn_assumed(done, result.params)
     stored = st.StudySpec.model_validate(done.user_attrs[st.SPEC_ATTR])
     if stored.mode == "live":
         from tuner.live.calibration import store
@@ -321,6 +322,20 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
     if not result.meets_slo:
         raise TunerError(f"no configuration met the SLOs in {summary['trials']} trials; {out}/ holds the closest "
                          "one and report.md says by how much (loosen the SLOs, add GPUs or change the workload)")
+
+
+def _warn_assumed(study, params: dict) -> None:  # noqa: ANN001 - optuna Study
+    """One warning line when the exported trial's acceptance is assumed (nothing measured or published it for the
+    deployed drafter on this model): report.md's first lines give the range its figures rest on."""
+    from tuner import study as st
+    from tuner.report import assumed_acceptance
+
+    spec = st.StudySpec.model_validate(study.user_attrs[st.SPEC_ATTR])
+    source = assumed_acceptance(spec.profile_model(), params)
+    if source is not None:
+        err_console.print(f"[yellow]warning:[/] the acceptance of the deployed drafter is assumed ({source}); "
+                          "report.md shows the throughput at tau ±30%. Measure it before trusting the speedup.",
+                          highlight=False, soft_wrap=True)
 
 
 def _live_spec(spec, engine: str, python: Path | None, draft: str | None, requests: int | None,  # noqa: ANN001
@@ -400,15 +415,17 @@ def _print_summary(s: dict[str, Any]) -> None:
 
 def export(study_name: Annotated[str, typer.Option("--study", help="Study to export.")],
            out: Annotated[Path, typer.Option(help="Bundle folder (written atomically).")] = Path("out"),
+           trial: Annotated[int | None, typer.Option("--trial", min=0, help="Export this completed trial (e.g. a "
+                                                     "Pareto-front point) instead of the best one.")] = None,
            db: DbOpt = None, as_json: JsonOpt = False) -> None:
-    """Re-export a study's best configuration as a bundle."""
+    """Re-export a study's best configuration (or `--trial N`) as a bundle."""
     from kb.db import open_db, resolve_url
     from tuner.export import export_study
     from tuner.study import check_name
 
     check_name(study_name)
     open_db(db)
-    result = export_study(resolve_url(db), study_name, out)
+    result = export_study(resolve_url(db), study_name, out, trial)
     if as_json:
         print_json(result.to_json())
     else:

@@ -53,6 +53,18 @@ def _closest(study, spec: StudySpec):  # -> FrozenTrial
     return min(trials, key=lambda t: (miss(t), t.number))
 
 
+def _numbered(study, number: int):  # -> FrozenTrial
+    """Completed trial `number` of the study, or one line saying which trials there are."""
+    trials = completed(study)
+    got = next((t for t in trials if t.number == number), None)
+    if got is None:
+        numbers = [t.number for t in trials]
+        shown = ", ".join(map(str, numbers[:20])) + (" ..." if len(numbers) > 20 else "")
+        raise TunerError(f"--trial {number}: study {study.study_name!r} has no completed trial {number} (completed: "
+                         f"{shown or 'none'})")
+    return got
+
+
 def _measured_drafter(evaluator, params: dict[str, Any]) -> Path | None:
     """The drafter a measured study ran for `params` (None: speculation off, or a simulated study)."""
     if evaluator.mode not in ("measure", "live") or not params.get("spec.enabled", True):
@@ -91,15 +103,20 @@ def _ship_drafter(src: Path, dst: Path, evaluator) -> None:
         raise TunerError(f"cannot ship the measured drafter {src} in the engines' layout: {e}") from None
 
 
-def export_study(db_url: str, name: str, out: Path) -> ExportResult:
-    """Export study `name`'s best SLO-feasible trial (or the closest one, flagged) as a bundle."""
+def export_study(db_url: str, name: str, out: Path, number: int | None = None) -> ExportResult:
+    """Export study `name`'s best SLO-feasible trial (or the closest one, flagged) as a bundle; `number`: that
+    completed trial instead (a Pareto-front point the user prefers), flagged when it misses the SLOs."""
     from tuner.engine_config import max_seq_len, model_ref, tuned_engine_config
 
     check_out(out)  # before the study is even opened
     study = open_study(db_url, name, None)
     spec = StudySpec.model_validate(study.user_attrs[SPEC_ATTR])
-    best = best_trial(study, spec)
-    trial = best or _closest(study, spec)
+    if number is None:
+        best = best_trial(study, spec)
+        trial = best or _closest(study, spec)
+    else:
+        trial = _numbered(study, number)
+        best = trial if any(t.number == number for t in feasible_trials(study)) else None
     space = spec.space()
     params = space.params_of(dict(trial.params))
     evaluator = make_evaluator(spec)

@@ -72,7 +72,7 @@ class SimulateEvaluator(Evaluator):
             efficiency = Efficiency(**calibration["efficiency"])
         self.eff = efficiency or Efficiency.prior(profile.hw)
         self.cost = cost  # "aic": price forwards from AIConfigurator's database where it covers them
-        self.engine = engine  # whose AIC kernel tables price them (tuner/catalog/aic.yaml backends)
+        self.aic_engine = engine  # whose AIC kernel tables price them (tuner/catalog/aic.yaml backends)
         # live trials on this hardware (tuner/live/calibration.py): measured / simulated throughput, a time scale
         self.calibration = calibration
         if cost == "aic":
@@ -90,6 +90,7 @@ class SimulateEvaluator(Evaluator):
         # dozens of trials keeps that luck (the winner's curse); two samples shrink it by ~30% at twice the cost
         self.repeats = max(1, repeats)
         self._draft_shape = None  # a draft_model deployment's small model (built once, on first use)
+        self.tau_scale = 1.0  # the acceptance's tau times this (the report's what-if on an assumed acceptance)
 
     def perf(self, params: dict[str, Any]):  # -> PerfModel
         """The performance model of `params`; its `cost_source` names what priced it."""
@@ -106,7 +107,7 @@ class SimulateEvaluator(Evaluator):
             return base, ""
         from tuner.aic import aic_perf
 
-        return aic_perf(base, self.profile, self.engine)
+        return aic_perf(base, self.profile, self.aic_engine)
 
     def cost_label(self) -> str:
         """The cost source for reports: aic:<system>/<backend>/<version>, or roofline (with its priors)."""
@@ -115,7 +116,7 @@ class SimulateEvaluator(Evaluator):
 
             target, _ = resolve(self.profile)
             if target is not None:
-                return f"{target.source()} (the roofline where it has no measurement)"
+                return f"{target.source()} (a dtype it has not timed: its nearest timed one x the roofline ratio)"
         return f"roofline ({self.eff.source})"
 
     def describe(self) -> str:
@@ -135,6 +136,11 @@ class SimulateEvaluator(Evaluator):
         method = drafting_of(params, self.profile).method
         head, layers = str(params["spec.head"]), int(params["spec.draft_layers"])
         accept = acceptance_of(self.profile, "dspark" if method == "none" else method, head, layers)
+        if self.tau_scale != 1.0 and method != "none":
+            from tuner.acceptance import with_tau
+
+            k = int(params["spec.block_size"])
+            accept = with_tau(accept, accept.tau(k) * self.tau_scale, k, f"{accept.source}, tau x {self.tau_scale:g}")
         if method != "draft_model":
             return accept, None
         if self._draft_shape is None:
@@ -160,6 +166,8 @@ class SimulateEvaluator(Evaluator):
             return Evaluation({}, False, f"{self.profile.model.name} ships no MTP module (num_nextn_predict_layers)")
         accept, draft = self.drafting(params)
         perf, fallback = self.perf_why(params)
+        if self.cost == "aic" and fallback:  # one cost model per study: never a roofline point among AIC's
+            return Evaluation({}, False, f"AIC cannot price this point: {fallback}", {"cost_source": "none"})
         cost = perf.cost_source + (f" ({fallback})" if fallback else "")
         runs = [simulate(params, self.profile, perf, accept, n_requests=self.n_requests, seed=seed * self.repeats + i,
                          draft_shape=draft)

@@ -207,7 +207,7 @@ def vllm_context(profile: Profile, p: dict[str, Any], bundled: bool = False, max
         ctx.update(draft_bundled=False, draft_path=draft)
     passes = {field: bool(p[name]) for name, field in VLLM_PASSES.items() if p.get(name) is not None}
     needs_draft = method in DRAFTED_METHODS
-    spec = vllm_spec(profile, p, draft, schedule, ctx["dp"])
+    spec = vllm_spec(profile, p, draft, schedule, ctx["dp"]) if p.get("spec.enabled", True) else {}  # {}: plain
     cpu = profile.hw.arch == "cpu"
     return {**ctx, "quantization": VLLM_QUANT.get(p["weights.dtype"]), "method": method, "needs_draft": needs_draft,
             "draft_what": METHOD_NAMES.get(method, method),

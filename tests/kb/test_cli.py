@@ -38,6 +38,10 @@ def test_rules_list_show_search_stats(capsys, rules_dir):
     assert code == 0 and json.loads(out)["then"][0]["prefer"] == 7
     code, out, _ = run(capsys, "rules", "search", "sps table", "--rules", str(rules_dir), "--json")
     assert [r["id"] for r in json.loads(out)] == ["spec.b"]
+    code, out, _ = run(capsys, "rules", "search", "sps", "table", "--rules", str(rules_dir), "--json")
+    assert code == 0 and [r["id"] for r in json.loads(out)] == ["spec.b"]  # unquoted words: all must appear too
+    code, out, _ = run(capsys, "rules", "search", "sps", "hopper", "--rules", str(rules_dir), "--json")
+    assert code == 0 and json.loads(out) == []
     code, out, _ = run(capsys, "rules", "stats", "--rules", str(rules_dir), "--json")
     stats = json.loads(out)
     assert stats["total"] == 2 and stats["by_category"] == {"speculative": 1, "stability": 1}

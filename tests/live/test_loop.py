@@ -120,6 +120,8 @@ def test_serve_loadgen_monitor_profile_tune(tmp_path: Path, served: tuple[str, P
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again = _cli("monitor", "report", "--out", str(png), env=env, check=False)
     assert again.returncode == 2 and "--force" in again.stderr
+    _cli("monitor", "report", env=env)  # by default beside the database, never into the current folder
+    assert (tmp_path / "monitor" / f"monitor_{watched['deployment_id']}.png").read_bytes()[:4] == b"\x89PNG"
     listed = json.loads(_cli("monitor", "list", "--json", env=env).stdout)
     assert listed[0]["deployment_id"] == watched["deployment_id"] and listed[0]["samples"] == watched["samples"]
 

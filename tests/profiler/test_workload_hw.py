@@ -34,6 +34,32 @@ def test_jsonl_file_statistics(tmp_path):
     assert any("characters per token" in n for n in notes)
 
 
+def test_openai_chat_lines_are_workload_requests(tmp_path):
+    """OpenAI's chat shape, bare or as a Batch API line, beside ours: messages become the prompt, max_tokens (or
+    a trailing assistant answer's length) the output length; a bad message is one line naming the format."""
+    from profiler.errors import ProfileError
+    from profiler.workload import read_requests
+
+    lines = [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sort a list."}],
+              "max_tokens": 64, "domain": "code"},
+             {"custom_id": "r2", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+                       "max_completion_tokens": 32}},
+             {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "x" * 40}]},
+             {"prompt": "ours", "output_len": 8}]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    got = read_requests(path)
+    assert got[0].prompt == "system: Be brief.\nuser: Sort a list." and got[0].output_len == 64
+    assert got[0].domain == "code"
+    assert got[1].prompt == "user: Hi" and got[1].output_len == 32
+    assert got[2].prompt == "user: 2+2?" and got[2].output_len == 40 / CHARS_PER_TOKEN
+    assert got[3].prompt == "ours" and got[3].output_len == 8
+    path.write_text(json.dumps({"messages": [{"content": "no role"}]}) + "\n")
+    with pytest.raises(ProfileError, match=r"chat.jsonl:1: messages.0.role: .*docs/workloads.md"):
+        read_requests(path)
+
+
 def test_mixed_domains_become_mixed(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_text('{"prompt": "a", "domain": "code"}\n{"prompt": "b", "domain": "math"}\n')

@@ -79,9 +79,47 @@ def test_a_weight_dtype_aic_has_not_measured_is_scaled_from_the_nearest_measured
 
 
 @needs_aic
-def test_what_aic_cannot_price_falls_back_with_the_reason():
-    got, why = aic_perf(*base("Qwen3-8B", "a100", weights_dtype="fp8", kv_dtype="fp8_e4m3"))
-    assert got.cost_source == "roofline" and "AIC cannot compile" in why
+def test_a_dtype_aic_lacks_is_its_nearest_timed_variant_times_the_roofline_ratio():
+    """FP8 KV with MLA (DeepSeek-V3: AIC has no FP8 context-MLA table) and FP8 on Ampere: AIC's price of the nearest
+    variant it timed, scaled once by the roofline's ratio (prefill too), never the bare roofline beside AIC's."""
+    perf, p = base("DeepSeek-V3", "h200", weights_dtype="fp8", kv_dtype="fp8", tp=8)
+    got, why = aic_perf(perf, p)
+    assert not why and got.cost_source == "aic:h200_sxm/sglang/0.5.14 (fp8 KV as auto KV x roofline ratio)"
+    for cost, ref, roof, mine in ((got.step(8, 2048, 8), got.ref.step(8, 2048, 8), got.ref_roofline.step(8, 2048, 8),
+                                   perf.step(8, 2048, 8)),
+                                  (got.prefill(2048, 2048, 1), got.ref.prefill(2048, 2048, 1),
+                                   got.ref_roofline.prefill(2048, 2048, 1), perf.prefill(2048, 2048, 1))):
+        assert cost.seconds == pytest.approx(ref.seconds * mine.seconds / roof.seconds, rel=1e-9)
+    ampere, _ = aic_perf(*base("Qwen3-8B", "a100", weights_dtype="fp8", kv_dtype="fp8_e4m3"))
+    assert ampere.cost_source == "aic:a100_sxm/sglang/0.5.10 (fp8 as bf16, fp8_e4m3 KV as auto KV x roofline ratio)"
+    layout, why = aic_perf(*base("Llama-3.1-8B", "h100", tp=3))  # a layout the engine refuses too
+    assert layout.cost_source == "roofline" and "divisible" in why and "/" not in why.split(": ", 1)[1]
+
+
+@needs_aic
+def test_an_aic_study_marks_a_point_aic_cannot_price_infeasible():
+    from tuner.objective import SimulateEvaluator
+    from tuner.space import engine_defaults
+
+    p = build_profile("Llama-3.1-8B", "h100", "chat", measure=False)
+    ev = SimulateEvaluator(p, n_requests=24, repeats=1, cost="aic")
+    got = ev.evaluate({**engine_defaults(), "weights.dtype": "bf16", "kv.dtype": "bf16", "parallel.tp": 3}, seed=0)
+    assert not got.feasible and got.why.startswith("AIC cannot price this point: ") and "divisible" in got.why
+
+
+def test_the_report_says_which_source_priced_the_study_and_how_many_points_were_scaled():
+    from types import SimpleNamespace
+
+    from tuner.report import cost_line
+
+    def t(cost):
+        return SimpleNamespace(user_attrs={"cost_source": cost} if cost else {})
+
+    aic = "aic:h200_sxm/sglang/0.5.14"
+    trials = [t(aic), t(aic + " (fp8 KV as auto KV x roofline ratio)"), t("none"), t(None)]
+    line = cost_line(trials, trials[1])
+    assert line.startswith(f"Priced by {aic}; 1 of 2 trials at a dtype AIC has not timed") and "MIXED" not in line
+    assert "MIXED" in cost_line([t(aic), t("roofline")], trials[0])
     e5m2, _ = aic_perf(*base("Qwen3-8B", "h100", weights_dtype="fp8", kv_dtype="fp8_e5m2"))
     e4m3, _ = aic_perf(*base("Qwen3-8B", "h100", weights_dtype="fp8", kv_dtype="fp8_e4m3"))
     assert e5m2.cost_source == e4m3.cost_source == "aic:h100_sxm/sglang/0.5.14"  # one byte either way

@@ -138,6 +138,16 @@ def test_export_bundle_formats_and_atomicity(tmp_path):
     assert (out / "report.md").read_text() == report
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bundle")]
 
+    # `export --trial N`: that completed trial, whatever the best is; an unknown one is one line naming the others
+    done = [t.number for t in trials_of(url, "e") if t.state == TrialState.COMPLETE]
+    other = next(n for n in done if n != res.trial_number)
+    picked = export_study(url, "e", tmp_path / "picked", other)
+    prov = json.loads((tmp_path / "picked" / "provenance.json").read_text())
+    assert picked.trial_number == prov["trial"] == other
+    with pytest.raises(TunerError, match=r"--trial 99: study 'e' has no completed trial 99 \(completed: 0, "):
+        export_study(url, "e", tmp_path / "nope", 99)
+    assert not (tmp_path / "nope").exists()
+
 
 def test_unwritable_out_and_unknown_study(tmp_path):
     url = f"sqlite:///{tmp_path / 'kb.sqlite'}"

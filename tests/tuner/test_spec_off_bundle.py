@@ -1,0 +1,31 @@
+"""A bundle with speculation off names no speculative method: its scripts, vllm.json and report say plain decoding."""
+
+from __future__ import annotations
+
+import json
+
+from profiler.build import build_profile
+from tuner.launch import write_sglang, write_vllm
+from tuner.report import method_line, varied_params
+from tuner.space import engine_defaults
+from tuner.targets import sglang_context, vllm_context
+
+
+def test_speculation_off_scripts_do_not_mention_dspark(tmp_path):
+    profile = build_profile("Qwen3-8B", "h100", "chat", measure=False)
+    params = {**engine_defaults(), "spec.enabled": False}
+    common = {"study": "s", "trial_number": 0, "mode": "simulate", "hw_name": "H100-SXM", "model_name": "Qwen3-8B"}
+    write_sglang(tmp_path, sglang_context(profile, params, False, 4096), common)
+    write_vllm(tmp_path, vllm_context(profile, params, False, 4096), common)
+    for name in ("sglang.sh", "vllm.sh", "vllm.json"):
+        text = (tmp_path / name).read_text().replace("dspark-tune", "the tool")
+        assert "dspark" not in text.lower() and "speculative-algorithm" not in text, (name, text[:600])
+    assert json.loads((tmp_path / "vllm.json").read_text()) == {}  # vllm.sh passes no --speculative-config
+    assert method_line(profile, params, {}) == "Speculation is off in the exported configuration."
+
+
+def test_importances_only_over_parameters_that_varied():
+    from types import SimpleNamespace
+
+    trials = [SimpleNamespace(params={"a": a, "b": b, "c": 2.0}) for a, b in ((1, "x"), (2, "x"), (3, "y"))]
+    assert varied_params(trials) == ["a", "b"]
