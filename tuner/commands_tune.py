@@ -103,8 +103,11 @@ def _from_production(p) -> bool:  # noqa: ANN001 - profiler.schema.Profile
 
 
 def _default_study(profile, plan_json: dict[str, Any], mode: str, objectives: list[str], seed: int,
-                   cost: str = "roofline", calibration: dict[str, Any] | None = None) -> str:
+                   cost: str = "roofline", calibration: dict[str, Any] | None = None,
+                   deploy: str | None = None) -> str:
     key = [profile.content_hash(), plan_json.get("space"), plan_json.get("fixed"), mode, objectives, seed]
+    if deploy is not None:  # the searched space depends on it (tuner/deploy.py)
+        key.append(f"deploy={deploy}")
     if mode == "simulate" and cost != "roofline":  # (roofline studies keep the names they had before AIC)
         key.append(cost)
     if calibration:  # (uncalibrated studies keep their names)
@@ -210,6 +213,9 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
          calibrated: Annotated[bool, typer.Option("--calibration/--no-calibration", help="Simulate: scale times by "
                                                   "the latest live study's calibration of this hardware.")] = True,
          out: Annotated[Path, typer.Option(help="Bundle folder (written atomically).")] = Path("out"),
+         deploy: Annotated[str | None, typer.Option(help="The engine(s) the bundle is for: sglang, vllm or both "
+                                                    "(default; a resumed study keeps its own). The search holds "
+                                                    "only what they run; only their scripts are exported.")] = None,
          db: DbOpt = None, rules: RulesOpt = None, as_json: JsonOpt = False) -> None:
     """Tune DSpark for a model, GPU and workload, then export the deployable bundle."""
     from kb.commands import open_synced
@@ -243,6 +249,10 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         raise TunerError("--mode live needs --engine dspark|vllm|sglang")
     if load not in ("closed", "sweep"):
         raise TunerError(f"--load {load!r}: choose closed or sweep")
+    if deploy is not None:
+        from tuner.deploy import check
+
+        check(deploy)
     check_out(out)  # before any trial runs, not after the whole study
     if study_name is not None:
         st.check_name(study_name)
@@ -258,6 +268,9 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         stored = st.StudySpec.model_validate(st.open_study(url, study_name, None).user_attrs[st.SPEC_ATTR])
         _refuse_unsafe(stored.profile_model())
         _refuse_unsafe_options(draft=stored.draft)
+        if deploy is not None and deploy != (stored.deploy or "both"):
+            raise TunerError(f"study {study_name} was tuned for --deploy {stored.deploy or 'both'}; drop --deploy to "
+                             f"resume it, or give a new --study for --deploy {deploy}")
     else:
         here = "auto" if engine is not None and gpu is None else gpu  # a live engine runs on this machine
         profile_id, profile = resolve_profile(database, model, here, workload, traffic, drafter)
@@ -280,7 +293,10 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         spec = st.StudySpec(profile=profile.model_dump(mode="json", exclude_none=True), profile_id=profile_id,
                             plan=plan_json, plan_id=plan_id, mode=chosen, objectives=objectives,
                             slo_ttft_ms=slo.ttft_ms if slo else None, slo_tpot_ms=slo.tpot_ms if slo else None,
-                            seed=seed, tool_version=tool, trial_seconds=trial_seconds, cost=priced)
+                            seed=seed, tool_version=tool, trial_seconds=trial_seconds, cost=priced,
+                            deploy=deploy or "both")
+        if chosen != "live":
+            spec.space()  # a deploy that leaves nothing runnable is one line now, not in the first trial
         if chosen in ("simulate", "live") and calibrated:
             from tuner.live.calibration import lookup
 
@@ -289,7 +305,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
             spec = _live_spec(spec, engine, engine_python, draft, trial_requests, trial_max_tokens, startup_seconds,
                               quiet=as_json).model_copy(update={"live_load": load, "hot_trials": hot_trials})
         study_name = study_name or _default_study(profile, plan_json, chosen, objectives, seed, priced,
-                                                  spec.calibration)
+                                                  spec.calibration, spec.deploy)
         st.open_study(url, study_name, spec)
     if not as_json:
         shown = escape(study_name)  # a name or path with [brackets] is text, not Rich markup

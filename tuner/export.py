@@ -143,9 +143,13 @@ def export_study(db_url: str, name: str, out: Path, number: int | None = None) -
             calibration = measured_calibration(tmp / BUNDLED_DRAFTER if bundled else None)
             write_dspark(tmp, config, sps, sts_payload(profile, params, calibration), common)
             seq = config.model.max_seq_len
-        write_sglang(tmp, sglang_context(profile, params, bundled, seq, schedule=schedules["sglang"]), common)
-        write_vllm(tmp, vllm_context(profile, params, bundled, seq, draft_model=spec.draft,
-                                     schedule=schedules["vllm"]), common)
+        from tuner.deploy import engines
+
+        if "sglang" in engines(spec.deploy):
+            write_sglang(tmp, sglang_context(profile, params, bundled, seq, schedule=schedules["sglang"]), common)
+        if "vllm" in engines(spec.deploy):
+            write_vllm(tmp, vllm_context(profile, params, bundled, seq, draft_model=spec.draft,
+                                         schedule=schedules["vllm"]), common)
         env = template_env()
         from tuner.report import write_report
 
@@ -156,6 +160,7 @@ def export_study(db_url: str, name: str, out: Path, number: int | None = None) -
             "profile_hash": profile.content_hash(), "profile_id": spec.profile_id, "plan_id": spec.plan_id,
             "rules": plan.rule_refs(), "params": params, "metrics": metrics,
             "speculative_method": params.get("spec.method", "dspark") if params.get("spec.enabled", True) else None,
+            "deploy": list(engines(spec.deploy)),
             "draft_schedule": schedules,
             "predicted_acceptance": _predicted_acceptance(profile, params),
             "model": model or model_ref(profile), "drafter": {"path": drafter, "source": profile.drafter.source,

@@ -62,6 +62,7 @@ class StudySpec(BaseModel):
     hot_trials: int = 2  # live, after the screen: trials that vary only hot settings on each newly started server
     prior: dict[str, Any] | None = None  # live: the simulated optimum of the same space, run after trial 0
     calibration: dict[str, Any] | None = None  # simulate: live trials' time scale on this hardware (scale, source)
+    deploy: Literal["sglang", "vllm", "both"] | None = None  # engines the bundle is for (None: stored before it)
 
     def profile_model(self) -> Profile:
         return Profile.model_validate(self.profile)
@@ -92,7 +93,9 @@ class StudySpec(BaseModel):
             from tuner.live.space import engine_space
 
             return engine_space(space, self)
-        return space
+        from tuner.deploy import restrict
+
+        return restrict(space, self.deploy)
 
 
 @contextmanager
