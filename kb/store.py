@@ -58,6 +58,27 @@ def latest_profile(db: Database) -> tuple[int, Profile] | None:
         return None if row is None else (row.profile_id, _to_profile(row))
 
 
+def latest_production(db: Database, model: str, drafter: str | None, domain: str | None,
+                      scan: int = 500) -> Profile | None:
+    """The newest of the last `scan` stored profiles whose acceptance a live deployment measured (`profile
+    --from-monitor`) for this model, drafter and workload domain, or None."""
+    with db.session() as s:
+        rows = s.scalars(select(ProfileRow).order_by(ProfileRow.stored_at.desc(), ProfileRow.profile_id.desc())
+                         .limit(scan))
+        for row in rows:
+            body = row.body if isinstance(row.body, dict) else {}
+            source = str((body.get("accept") or {}).get("source") or "")
+            if not source.startswith("measured: monitor "):
+                continue
+            try:
+                p = _to_profile(row)
+            except KBError:
+                continue
+            if p.model.name == model and p.drafter.chosen == drafter and (p.workload.domain or None) == domain:
+                return p
+    return None
+
+
 def list_profiles(db: Database, limit: int = 20) -> list[dict[str, Any]]:
     with db.session() as s:
         rows = s.scalars(select(ProfileRow).order_by(ProfileRow.stored_at.desc()).limit(limit))

@@ -71,8 +71,7 @@ def resolve_profile(database, model: str | None, gpu: str | None, workload: str 
                             quality=base.workload.quality if base else None,
                             gpus=base.hw.count if base and base.hw else None, traffic=traffic,
                             drafter=drafter or (base.drafter.chosen if same_model and base else None))
-    if same_model and base is not None and not workload and not drafter and _from_production(base):
-        profile.accept = base.accept  # a deployment's measured acceptance holds on any GPU: keep it
+    _keep_production_acceptance(database, profile)
     _refuse_unsafe(profile)
     return save_profile(database, profile), profile
 
@@ -100,6 +99,20 @@ def _refuse_unsafe_options(**options: str | None) -> None:
 def _from_production(p) -> bool:  # noqa: ANN001 - profiler.schema.Profile
     """The profile's acceptance was measured on a live deployment (`profile --from-monitor`)."""
     return (p.accept.source or "").startswith("measured: monitor ")
+
+
+def _keep_production_acceptance(database, profile) -> None:  # noqa: ANN001 - kb Database, profiler Profile
+    """A deployment's measured acceptance of this model, drafter and workload domain holds on any GPU and
+    whatever flags repeat the profile: it replaces what a fresh profile assumed (a published prior or a catalogue
+    figure), never another measurement of this profile's own. The profile's content, and so the study, changes
+    with it: a tune after `profile --from-monitor` is a new study, not a resumed one that runs no trial."""
+    from kb.store import latest_production
+
+    if (profile.accept.source or "").startswith("measured") and not _from_production(profile):
+        return
+    prod = latest_production(database, profile.model.name, profile.drafter.chosen, profile.workload.domain or None)
+    if prod is not None:
+        profile.accept = prod.accept
 
 
 def _default_study(profile, plan_json: dict[str, Any], mode: str, objectives: list[str], seed: int,

@@ -74,7 +74,10 @@ class StudySpec(BaseModel):
         p = self.profile_model()
         wl = p.workload.model_dump(mode="json", exclude={"entropy"})
         hw = {"name": p.hw.name, "arch": p.hw.arch, "count": p.hw.count}
-        return {"model": p.model.model_dump(mode="json"), "hw": hw, "workload": wl, "plan": self.plan}
+        out = {"model": p.model.model_dump(mode="json"), "hw": hw, "workload": wl, "plan": self.plan}
+        if self.mode == "simulate":  # the acceptance a simulation assumes: a new measurement of it is a new study
+            out["accept"] = p.accept.model_dump(mode="json")
+        return out
 
     def plan_model(self) -> Plan:
         return Plan.model_validate(self.plan)
