@@ -31,8 +31,12 @@ SGLANG_ATTENTION = {"torch": "torch_native", "triton": "triton", "flashinfer": "
 VLLM_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # --dtype (others: the checkpoint's)
 DRAFTED_METHODS = ("dspark", "dflash", "eagle3", "draft_model")  # vLLM methods that load a draft checkpoint
 VLLM_ATTENTION = {"triton": "TRITON_ATTN", "flashinfer": "FLASHINFER", "fa3": "FLASH_ATTN", "fa4": "FLASH_ATTN",
-                  "trtllm_mha": "FLASHINFER", "trtllm_mla": "FLASHINFER_MLA", "flashmla": "FLASHMLA",
-                  "aiter": "ROCM_AITER_FA"}
+                  "trtllm_mha": "FLASHINFER", "aiter": "ROCM_AITER_FA"}
+# an MLA model (DeepSeek-V2/V3, Kimi-K2) runs vLLM's MLA backends only (vllm/v1/attention/backends/registry.py:
+# FLASHMLA, FLASHINFER_MLA, CUTLASS_MLA, TRITON_MLA, ROCM_AITER_MLA); a tuned SGLang backend with no MLA
+# counterpart named here (fa3: SGLang's FA3 runs MLA, vLLM's FLASH_ATTN does not) leaves vLLM its own MLA default
+VLLM_ATTENTION_MLA = {"trtllm_mla": "FLASHINFER_MLA", "flashmla": "FLASHMLA", "triton": "TRITON_MLA",
+                      "aiter": "ROCM_AITER_MLA"}
 # SGLang picks the DSpark verify scheduler with SGLANG_RAGGED_VERIFY_MODE (speculative/ragged_verify.py): `compact`
 # is the confidence-budget planner (lagged budget + top-K, our async_topk; the closest to prefix), `static`
 # verifies the whole block. SGLang has no static-threshold scheduler.
@@ -207,6 +211,13 @@ def vllm_context(profile: Profile, p: dict[str, Any], bundled: bool = False, max
         ctx.update(draft_bundled=False, draft_path=draft)
     passes = {field: bool(p[name]) for name, field in VLLM_PASSES.items() if p.get(name) is not None}
     needs_draft = method in DRAFTED_METHODS
+    tp = int(p["parallel.tp"])
+    ctx["dp_attention"] = False
+    if bool(p.get("parallel.dp_attention")) and tp > 1 and profile.model.num_experts:
+        # SGLang's DP attention (one attention replica per TP rank, experts across them) is vLLM's data-parallel
+        # attention with expert parallelism: tp 1, dp = the ranks, --enable-expert-parallel (vLLM docs,
+        # "Data Parallel Deployment")
+        ctx.update(tp=1, dp=tp * ctx["dp"], ep=tp * ctx["dp"], dp_attention=True)
     spec = vllm_spec(profile, p, draft, schedule, ctx["dp"]) if p.get("spec.enabled", True) else {}  # {}: plain
     cpu = profile.hw.arch == "cpu"
     return {**ctx, "quantization": VLLM_QUANT.get(p["weights.dtype"]), "method": method, "needs_draft": needs_draft,
@@ -215,7 +226,8 @@ def vllm_context(profile: Profile, p: dict[str, Any], bundled: bool = False, max
             "dtype": VLLM_DTYPE.get(p["weights.dtype"]), "cpu": cpu,
             "cpu_kv_space_gib": vllm_cpu_kv_space_gib(profile, p, max_seq_len) if cpu else 0,
             "enforce_eager": cpu and bool(_cpu_build().get("enforce_eager")),
-            "attention_backend": VLLM_ATTENTION.get(p["attention.backend"]),
+            "attention_backend": (VLLM_ATTENTION_MLA if profile.model.attention == "mla" else VLLM_ATTENTION
+                                  ).get(p["attention.backend"]),
             "gpu_memory_utilization": vllm_memory_utilization(profile, p),
             "vllm_head_ok": p["spec.head"] in VLLM_HEADS or method != "dspark",
             "compilation_config": json.dumps({"pass_config": passes}, sort_keys=True) if passes else None,
