@@ -101,7 +101,7 @@ def write_report(out: Path, template, study, spec: StudySpec, trial, meets: bool
 
     assumed = assumed_line(profile, params, evaluator, exported_metrics(study, spec, trial), spec.seed)
     text = template.render(
-        **common, mode_line=mode_line, assumed_line=assumed,
+        **common, mode_line=mode_line, assumed_line=assumed, layout_line=layout_line(profile, params),
         live_rows=live_rows(trials, study.user_attrs.get(CONFIRM_ATTR)),
         calibration_line=calibration_line(trials),
         n_complete=len(trials), n_feasible=len(feasible_ids), objectives=labels,
@@ -281,3 +281,25 @@ def assumed_line(profile: Profile, params: dict[str, Any], evaluator: Evaluator,
                    f"{tau:.2f}) the exported configuration gives {shown[0]}-{shown[1]} tok/s (predicted "
                    f"{metrics.get('throughput', 0):,.0f}). Measure the acceptance (`bench --record-acceptance`, or "
                    "`monitor` a deployment and `profile --from-monitor`) before trusting the speedup.")
+
+
+def layout_line(profile: Profile, params: dict[str, Any]) -> str | None:
+    """What the exported layout does with the profiled devices: when it leaves some idle, how to use them as
+    replicas, and why the bundle does not (the study simulated one replica at the whole load)."""
+    from tuner.targets import replicas
+
+    count = int(profile.hw.count or 0)
+    if profile.hw.arch == "cpu" or count <= 1:
+        return None
+    tp = int(params.get("parallel.tp", 1))
+    dp = replicas(profile, params)
+    used = tp * dp
+    line = f"tp {tp} x {dp} replica(s) = {used} of the {count} {profile.hw.name or 'devices'}"
+    idle = count - used
+    if idle < tp:
+        return line + (f"; {idle} left idle (fewer than one more tp-{tp} replica)" if idle else "")
+    more = count // tp
+    return line + (f". {idle} are idle: the study simulated this layout carrying the whole load. To use them, serve "
+                   f"{more} replicas (vLLM `--data-parallel-size {more}`, SGLang `--dp-size {more}`, or separate "
+                   "servers behind a router); each then sees a share of the load, so tune again with `--gpus` "
+                   "set to one replica's devices and the per-replica concurrency for its settings")

@@ -86,9 +86,26 @@ def replicas(profile: Profile, p: dict[str, Any]) -> int:
     return max(1, (profile.hw.count or tp) // tp) if dp == 0 else dp
 
 
+# weight formats the engines load only from a checkpoint quantised offline (FP8 they quantise at load from bf16)
+PREQUANTIZED = {"int8": "int8 (W8A8, compressed-tensors: e.g. an llm-compressor export)",
+                "int4": "int4 (AWQ, run by awq_marlin: an AutoAWQ export)",
+                "nvfp4": "nvfp4 (ModelOpt FP4: a TensorRT Model Optimizer export)"}
+
+
+def prequantized(p: dict[str, Any]) -> dict[str, Any]:
+    """The scripts' words when the tuned weight format needs a pre-quantised checkpoint: the profiled model id is
+    the bf16 base, so MODEL_PATH must name one (the script refuses to start without it, and says why)."""
+    dtype = str(p.get("weights.dtype"))
+    if dtype not in PREQUANTIZED:
+        return {"prequantized": None, "prequantized_short": None}
+    return {"prequantized": f"weights: {PREQUANTIZED[dtype]}; the profiled model id is its bf16 base, which the "
+                            "engine would refuse to load as that format", "prequantized_short": dtype}
+
+
 def _common(profile: Profile, p: dict[str, Any], bundled: bool, max_seq_len: int) -> dict[str, Any]:
     draft = draft_ref(profile, bundled)
-    return {"model_path": model_ref(profile), "tp": int(p["parallel.tp"]), "dp": replicas(profile, p),
+    return {**prequantized(p), "model_path": model_ref(profile), "tp": int(p["parallel.tp"]),
+            "dp": replicas(profile, p),
             "ep": int(p["parallel.ep"]), "mem_fraction": float(p["memory.fraction_static"]),
             "max_requests": int(p["batch.max_requests"]), "max_tokens": int(p["batch.max_tokens"]),
             "page_size": int(p.get("memory.page_size") or 1), "max_seq_len": max_seq_len,

@@ -42,3 +42,34 @@ def test_dp_attention_is_vllms_data_parallel_attention_with_expert_parallelism(t
     assert "--enable-expert-parallel" in argv
     plain = argv_of(tmp_path, "deepseek-v3", "h200", **{"parallel.tp": 8, "parallel.dp_attention": False})
     assert value(plain, "--tensor-parallel-size") == "8" and "--data-parallel-size" not in plain
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4", "nvfp4"])
+def test_a_format_needing_a_prequantised_checkpoint_asks_for_one(tmp_path, dtype):
+    """The profiled id is the bf16 base: `--quantization compressed-tensors` on it would not load. The scripts
+    refuse to start without MODEL_PATH and say why; with it they run."""
+    from tuner.launch import write_sglang
+    from tuner.targets import sglang_context
+
+    profile = build_profile("Llama-3.1-70B", "a100", "math", measure=False)
+    p = {**engine_defaults(), "spec.enabled": False, "weights.dtype": dtype, "parallel.tp": 2}
+    write_vllm(tmp_path, vllm_context(profile, p, False, 4096), COMMON)
+    write_sglang(tmp_path, sglang_context(profile, p, False, 4096), COMMON)
+    for script in ("vllm.sh", "sglang.sh"):
+        code, argv, err = run_script(tmp_path / script, tmp_path)
+        assert code != 0 and not argv and f"tuned for {dtype} weights" in err and "MODEL_PATH" in err, (script, err)
+        code, argv, err = run_script(tmp_path / script, tmp_path, MODEL_PATH="/ckpt/llama-70b-quantised")
+        assert code == 0 and "/ckpt/llama-70b-quantised" in argv, err
+    fp8 = {**p, "weights.dtype": "fp8"}  # quantised at load from the bf16 checkpoint: the default model stands
+    write_vllm(tmp_path, vllm_context(profile, fp8, False, 4096), COMMON)
+    code, argv, _ = run_script(tmp_path / "vllm.sh", tmp_path)
+    assert code == 0 and "meta-llama/Llama-3.1-70B" in argv and value(argv, "--quantization") == "fp8"
+
+
+def test_the_report_says_what_the_layout_leaves_idle_and_how_to_use_it():
+    from tuner.report import layout_line
+
+    p = build_profile("Llama-3.1-70B", "a100", "math", measure=False, gpus=4)
+    half = layout_line(p, {**engine_defaults(), "parallel.tp": 2, "parallel.dp": 1})
+    assert half.startswith("tp 2 x 1 replica(s) = 2 of the 4 ") and "--data-parallel-size 2" in half
+    assert "idle" not in layout_line(p, {**engine_defaults(), "parallel.tp": 2, "parallel.dp": 0})
