@@ -18,6 +18,7 @@ from tuner.errors import TunerError
 from tuner.objective import Evaluation, Evaluator
 
 HELDOUT_PROMPTS = Path(__file__).resolve().parent.parent / "benchmarks" / "prompts" / "heldout_code.jsonl"
+MACHINE_SHARE = 0.8  # of the profiled memory an exported engine may take (the OS and the server keep the rest)
 
 
 def _checkpoint(profile: Profile) -> Path:
@@ -105,6 +106,27 @@ class MeasureEvaluator(Evaluator):
         cfg.sampling.max_new_tokens = self.max_new_tokens
         return cfg
 
+    def exported_misfit(self, params: dict[str, Any]) -> str:
+        """Why the engine `params` export (all `batch.max_requests` slots of `model.max_seq_len` positions, not the
+        few this measurement allocates) would not fit this machine's memory ("" when it fits): such a bundle could
+        not be served where it was tuned. The budget is MACHINE_SHARE of the profiled memory."""
+        from dspark_core.memory import GIB, HEADROOM_FRACTION, gib
+        from dspark_core.preflight import engine_parts
+
+        total_gb = self.profile.hw.memory_gb
+        if not total_gb:
+            return ""
+        full = self.config(params)
+        full.batch.max_requests = int(params["batch.max_requests"])
+        parts = engine_parts(full, None, with_drafter=full.spec.enabled)
+        need = int(sum(parts.values()) * (1 + HEADROOM_FRACTION))
+        budget = int(total_gb * GIB * MACHINE_SHARE)
+        if need <= budget:
+            return ""
+        return (f"the exported engine ({full.batch.max_requests} requests x {full.model.max_seq_len} positions) "
+                f"needs about {gib(need)} ({', '.join(f'{k} {gib(v)}' for k, v in parts.items())}), over "
+                f"{MACHINE_SHARE:.0%} of this machine's {total_gb:g} GB")
+
     def drafter_path(self, params: dict[str, Any]) -> str | None:
         """The DSpark drafter measured for `params` (None: speculation off)."""
         return self.config(params).drafter.path
@@ -114,6 +136,9 @@ class MeasureEvaluator(Evaluator):
         from dspark_core.errors import DSparkError
 
         try:
+            why = self.exported_misfit(params)
+            if why:
+                return Evaluation({}, False, why)
             cfg = self.config(params)
             cfg.sampling.seed = seed
             engine = Engine(cfg, target=self.target_for(cfg.weights.dtype), tokenizer=self.tokenizer)

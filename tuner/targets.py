@@ -207,8 +207,13 @@ def vllm_cpu_kv_space_gib(profile: Profile, p: dict[str, Any], max_seq_len: int)
     from --gpu-memory-utilization."""
     m = profile.model
     per_token = 2 * (m.num_layers or 32) * (m.num_kv_heads or 8) * (m.head_dim or 128) * 4  # fp32 worst case
-    need = per_token * max(1, max_seq_len) * int(p["batch.max_requests"]) * 2
-    return max(1, -(-need // 2**30))
+    need = max(1, -(-per_token * max(1, max_seq_len) * int(p["batch.max_requests"]) * 2 // 2**30))
+    if not profile.hw.memory_gb:
+        return need
+    # never more than the machine holds beside the weights: vLLM then runs fewer sequences at once (its scheduler
+    # waits for KV blocks) instead of failing to allocate the pool
+    weights_gib = (m.params_total or 0) * 4 / 2**30
+    return max(1, min(need, int(profile.hw.memory_gb * 0.8 - weights_gib)))
 
 
 def vllm_context(profile: Profile, p: dict[str, Any], bundled: bool = False, max_seq_len: int = 0,

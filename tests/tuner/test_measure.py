@@ -43,3 +43,15 @@ def test_a_trial_runs_the_weights_dtype_it_names(evaluator):
     assert evaluator.sps_table({**base, "weights.dtype": "bf16", "spec.block_size": 1}).max_batch_tokens == 6
     assert evaluator.evaluate({**base, "weights.dtype": "auto"}).feasible
     assert evaluator.target.embed.weight.dtype == torch.float32
+
+
+def test_a_configuration_whose_exported_engine_would_not_fit_this_machine_is_infeasible(evaluator):
+    """Measured with a few slots, exported with all of them: a bundle tuned here must be servable here. The tiny
+    target's KV at 4096 slots x its context outgrows a 1 GB machine; 2 slots do not."""
+    evaluator.profile.hw.memory_gb = 1.0
+    try:
+        big = evaluator.evaluate({**engine_defaults(), "spec.enabled": False, "batch.max_requests": 4096})
+        assert not big.feasible and big.why.startswith("the exported engine (4096 requests x ") and "1 GB" in big.why
+        assert evaluator.evaluate({**engine_defaults(), "spec.enabled": False, "batch.max_requests": 2}).feasible
+    finally:
+        evaluator.profile.hw.memory_gb = None

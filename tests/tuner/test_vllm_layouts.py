@@ -73,3 +73,15 @@ def test_the_report_says_what_the_layout_leaves_idle_and_how_to_use_it():
     half = layout_line(p, {**engine_defaults(), "parallel.tp": 2, "parallel.dp": 1})
     assert half.startswith("tp 2 x 1 replica(s) = 2 of the 4 ") and "--data-parallel-size 2" in half
     assert "idle" not in layout_line(p, {**engine_defaults(), "parallel.tp": 2, "parallel.dp": 0})
+
+
+def test_vllms_cpu_kv_space_never_exceeds_the_machine():
+    from tuner.targets import vllm_cpu_kv_space_gib
+
+    p = build_profile("Llama-3.1-8B", "h100", "chat", measure=False)
+    params = {**engine_defaults(), "batch.max_requests": 256}
+    p.hw.memory_gb = None
+    assert vllm_cpu_kv_space_gib(p, params, 5376) > 100  # unknown memory: the whole pool the settings ask for
+    p.hw.memory_gb = 256.0
+    got = vllm_cpu_kv_space_gib(p, params, 5376)
+    assert got == int(256 * 0.8 - p.model.params_total * 4 / 2**30) and got < 256
