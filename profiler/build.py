@@ -219,7 +219,9 @@ def build_profile(model: str | None, gpu: str | None, workload: str | WorkloadPr
     hw = hardware_profile(gpu, measure=measure, progress=progress)
     want_entropy = entropy if entropy is not None else (measure and (gpu or "").lower() == "auto")
     if want_entropy:
-        target = runnable_model()
+        own = Path(resolved[2]) if resolved and resolved[2] else None
+        # the profiled model itself when it is a runnable folder here; else the tiny reference target (noted)
+        target = own if own is not None and (own / "config.json").is_file() else runnable_model()
         if target is None:
             notes.append("entropy not measured: no runnable model here (the tiny reference target "
                          "dspark_core/assets/tiny/target is not built)")

@@ -17,11 +17,15 @@ TP_SIZES = (1, 2, 4, 8, 16, 32, 64)  # TP sizes considered (beyond 8: multi-node
 
 
 def _ceilings(hw: HwProfile) -> tuple[float | None, float | None]:
-    """(bf16 FLOP/s, bytes/s): datasheet when known, else what was measured here."""
+    """(FLOP/s, bytes/s): the datasheet's bf16 when known, else what was measured here (on a CPU the faster of
+    bf16 and fp32, the dtype the engine would run)."""
     peak = hw.peak_tflops.bf16 if hw.peak_tflops and hw.peak_tflops.bf16 else None
     bw = hw.bandwidth_gbs
     if hw.measured:
-        peak = peak or hw.measured.tflops_bf16 or hw.measured.tflops_fp32
+        if hw.arch == "cpu":  # the engine runs the faster of the two here: bf16 without AVX512-BF16 is emulated
+            peak = peak or max(hw.measured.tflops_bf16 or 0.0, hw.measured.tflops_fp32 or 0.0) or None
+        else:
+            peak = peak or hw.measured.tflops_bf16 or hw.measured.tflops_fp32
         bw = bw or hw.measured.bandwidth_gbs
     return (peak * 1e12 if peak else None), (bw * 1e9 if bw else None)
 

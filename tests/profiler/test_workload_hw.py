@@ -136,3 +136,28 @@ def test_jsonl_lengths_use_the_model_tokenizer_when_the_model_is_a_folder(tmp_pa
     p = build.build_profile(str(folder), None, str(path))
     assert p.workload.prompt_len.mean == statistics.fmean(len(x.split()) for x in prompts)  # word-level ids
     assert not any("characters per token" in n for n in p.notes or [])
+
+
+def test_entropy_is_measured_with_the_profiled_model_when_it_runs_here(monkeypatch, tmp_path):
+    """A runnable model folder is its own entropy reference, not the tiny target."""
+    import profiler.build as build
+
+    folder = tmp_path / "mine"
+    _tiny_model(folder)
+    monkeypatch.setattr(build, "runnable_model", lambda: None)  # the tiny target would be the fallback
+    p = build.build_profile(str(folder), None, "chat", entropy=True)
+    assert p.workload.entropy is not None and p.workload.entropy.mean > 0
+    assert any(f"entropy measured with {folder}" in n for n in p.notes)
+
+
+def test_a_cpus_roofline_uses_the_dtype_the_engine_would_run():
+    """Without AVX512-BF16 a CPU's bf16 matmuls are emulated (~1 GFLOP/s): the verdict's ridge and step time use
+    its fp32 rate, not a ridge of 0 FLOP/B and a step of tens of seconds."""
+    from profiler.derived import _ceilings
+    from profiler.schema import HwProfile
+
+    hw = HwProfile.model_validate({"name": "cpu", "arch": "cpu", "measured": {"bandwidth_gbs": 16.0,
+                                                                             "tflops_bf16": 0.0009,
+                                                                             "tflops_fp32": 0.067}})
+    peak, bw = _ceilings(hw)
+    assert peak == pytest.approx(0.067e12) and bw == pytest.approx(16e9)
