@@ -192,3 +192,4 @@ class SimulateEvaluator(Evaluator):
         gamma = int(params["spec.block_size"])
         budget = min(int(params["batch.max_tokens"]), int(params["batch.max_requests"]) * (gamma + 1))
         return sps_table(self.perf(params), max(2, budget), ctx, int(params["batch.max_requests"]))
+

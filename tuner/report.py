@@ -244,7 +244,8 @@ ASSUMED_RANGE = 0.3  # the what-if on an assumed acceptance: tau this much lower
 
 def assumed_acceptance(profile: Profile, params: dict[str, Any]) -> str | None:
     """Where the exported trial's acceptance comes from when nothing measured or published it for the deployed
-    drafter (a published prior of another model, or of the method in general); None when something did."""
+    drafter on this model (a published prior of another model, or of the method in general); None when something
+    did (a measurement, the drafter's catalogued figures, or a prior whose source names this model)."""
     if not params.get("spec.enabled", True):
         return None
     from tuner.acceptance import acceptance_of
@@ -252,7 +253,11 @@ def assumed_acceptance(profile: Profile, params: dict[str, Any]) -> str | None:
     method = str(params.get("spec.method") or "dspark")
     source = acceptance_of(profile, method, str(params.get("spec.head") or "markov"),
                            int(params.get("spec.draft_layers") or 0) or None).source
-    return source if source.startswith("prior:") else None
+    if not source.startswith("prior:"):
+        return None  # measured here or on a deployment, or the drafter's own catalogued figures
+    name = (profile.model.name or "").lower()
+    # a published prior of this very model (the DSpark paper's Qwen3-8B rows for Qwen3-8B) is its published figure
+    return None if name and name in source.lower() else source
 
 
 def assumed_line(profile: Profile, params: dict[str, Any], evaluator: Evaluator, metrics: dict[str, float],

@@ -81,10 +81,16 @@ def sps_table(perf: PerfModel, max_batch_tokens: int, context: float, requests: 
     """The SPS table the performance model predicts (what `tune` exports for a modelled GPU).
 
     Batch tokens = running requests x verify tokens per request; the probes keep `requests` requests
-    (fewer when the probe has fewer tokens), so extra tokens add compute but not KV reads.
+    (fewer when the probe has fewer tokens), so extra tokens add compute but not KV reads. Steps per second never
+    rise with more tokens: a probe faster than a smaller one (AIC times kernel shapes one by one, and its tables
+    are not monotone everywhere: Qwen3-8B on H100 ran 384 tokens faster than 256) takes the smaller one's rate, so
+    SGLang's prefix scheduler is never told that verifying more costs less.
     """
-    return SpsTable.from_probes([(b, perf.sps(b, context, min(b, requests))) for b in default_probes(max_batch_tokens)],
-                                max_batch_tokens)
+    probes, floor = [], float("inf")
+    for b in default_probes(max_batch_tokens):
+        floor = min(floor, perf.sps(b, context, min(b, requests)))
+        probes.append((b, floor))
+    return SpsTable.from_probes(probes, max_batch_tokens)
 
 
 @cache

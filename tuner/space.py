@@ -58,11 +58,28 @@ class SearchSpace:
     warm_start: dict[str, Any]  # plan.prefer restricted to searched params
 
     def params_of(self, sampled: dict[str, Any]) -> dict[str, Any]:
-        """The full parameter set of a trial."""
-        return {**self.defaults, **self.fixed, **sampled}
+        """The full parameter set of a trial, bounded as the engines bound it (`consistent`): what a trial runs,
+        scores and exports is one configuration."""
+        return consistent({**self.defaults, **self.fixed, **sampled})
 
     def suggest(self, trial) -> dict[str, Any]:  # trial: optuna.Trial
         return self.params_of({n: _suggest(trial, n, d) for n, d in self.distributions.items()})
+
+
+def consistent(params: dict[str, Any]) -> dict[str, Any]:
+    """`params` with each setting past the bound another one sets brought to that bound, where the engines would run
+    it so anyway: a prefill chunk never holds more than one forward's tokens (SGLang's --max-prefill-tokens caps
+    it), and CUDA graphs for more requests than may run are captured for nothing (memory and start-up time). The
+    exported scripts then say what runs (a chunk of 10240 beside 8192 prefill tokens, graphs for 544 requests beside
+    a cap of 256, were both exported before)."""
+    out = dict(params)
+    tokens, chunk = int(out.get("batch.max_tokens") or 0), int(out.get("batch.chunked_prefill") or 0)
+    if tokens and chunk > tokens:
+        out["batch.chunked_prefill"] = tokens
+    running, graph = int(out.get("batch.max_requests") or 0), int(out.get("batch.cuda_graph_max_bs") or 0)
+    if running and graph > running:
+        out["batch.cuda_graph_max_bs"] = running
+    return out
 
 
 def _suggest(trial, name: str, d) -> Any:

@@ -85,3 +85,13 @@ def test_vllms_cpu_kv_space_never_exceeds_the_machine():
     p.hw.memory_gb = 256.0
     got = vllm_cpu_kv_space_gib(p, params, 5376)
     assert got == int(256 * 0.8 - p.model.params_total * 4 / 2**30) and got < 256
+
+
+def test_an_exported_sps_table_never_runs_more_tokens_faster():
+    from tuner.objective import SimulateEvaluator
+
+    p = build_profile("Qwen3-8B", "h100", "chat", measure=False)
+    ev = SimulateEvaluator(p, cost="aic")
+    sps = ev.sps_table({**engine_defaults(), "spec.block_size": 7, "batch.max_requests": 64, "batch.max_tokens": 1024})
+    rates = list(sps.sample_steps_per_sec)
+    assert all(b <= a for a, b in zip(rates, rates[1:], strict=False)), rates
