@@ -118,6 +118,21 @@ def resolve(profile: Profile, engine: str = "sglang") -> tuple[AicTarget | None,
     return AicTarget(path, row["system"], database, backend), ""
 
 
+def covers(profile: Profile, engine: str = "sglang") -> tuple[AicTarget | None, str]:
+    """`resolve`, and AIC's tables hold the model's own kernels: one bf16 decode step at TP 1 prices. A model whose
+    attention or GEMM shapes AIC never timed (SmolLM2's 64-wide heads, 3 KV heads) would fail at every point of a
+    study, so the study is priced by the roofline from the start instead (one cost source either way)."""
+    target, why = resolve(profile, engine)
+    if target is None:
+        return None, why
+    try:
+        handle(target, 1, "bf16", "auto", bool(profile.model.num_experts)).decode_ms(1, 1, 512)
+    except Exception as exc:  # noqa: BLE001 - any refusal of AIC's means it cannot price this model
+        said = re.sub(r" at /\S+.*$", "", (str(exc).splitlines() or [""])[0])
+        return None, f"AIC has no measured kernels for {profile.model.name}'s shapes ({said[:160]})"
+    return target, ""
+
+
 class _Handle:
     """One compiled AIC engine (model x system x parallelism x dtypes) and its cached per-op queries."""
 

@@ -135,9 +135,9 @@ def _cost(cost: str, profile) -> str:
     """The cost model a new simulated study uses: --cost aic must be available, auto takes it when it is."""
     if cost == "roofline":
         return "roofline"
-    from tuner.aic import resolve
+    from tuner.aic import covers
 
-    target, why = resolve(profile)
+    target, why = covers(profile)
     if target is None and cost == "aic":
         raise TunerError(f"--cost aic: {why}")
     return "aic" if target is not None else "roofline"

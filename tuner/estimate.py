@@ -187,10 +187,10 @@ def _run(profile: Any, case: Case, tp: int, method: str, draft: Any = None) -> d
 
 def _aic_covers(profile: Any, engine: str = "sglang") -> bool:
     try:
-        from tuner.aic import resolve
+        from tuner.aic import covers
     except ImportError:
         return False
     try:
-        return resolve(profile, engine)[0] is not None
+        return covers(profile, engine)[0] is not None
     except Exception:  # noqa: BLE001 - the extra is optional; any failure of it means the roofline prices
         return False

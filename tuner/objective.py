@@ -76,10 +76,10 @@ class SimulateEvaluator(Evaluator):
         # live trials on this hardware (tuner/live/calibration.py): measured / simulated throughput, a time scale
         self.calibration = calibration
         if cost == "aic":
-            from tuner.aic import resolve
+            from tuner.aic import covers
             from tuner.errors import TunerError
 
-            target, why = resolve(profile, engine)
+            target, why = covers(profile, engine)
             if target is None:
                 raise TunerError(f"--cost aic: {why}")
         # six requests per client of the closed loop: throughput is read between ramp-up and drain, a window of

@@ -25,6 +25,7 @@ from tuner.targets import (
     SGLANG_QUANT,
     SGLANG_VERIFY_MODE,
     VLLM_ATTENTION,
+    VLLM_ATTENTION_MLA,
     VLLM_PASSES,
     VLLM_QUANT,
     sglang_context,
@@ -72,6 +73,7 @@ def test_choice_mappings_are_pinned_values():
     assert {v for v in VLLM_QUANT.values() if v} <= set(VL["choices"]["quantization"])
     assert {v for v in KV_DTYPE.values() if v} <= set(VL["choices"]["kv_cache_dtype"])
     assert set(VLLM_ATTENTION.values()) <= set(VL["choices"]["attention_backend"])
+    assert set(VLLM_ATTENTION_MLA.values()) <= set(VL["choices"]["attention_backend"])
     assert "dspark" in VL["speculative_methods"]
     assert set(SGLANG_VERIFY_MODE.values()) <= set(SG["ragged_verify_modes"])
     assert set(VLLM_PASSES.values()) <= set(VL["pass_config_fields"])  # vllm/config/compilation.py PassConfig
@@ -91,7 +93,10 @@ def test_rendered_flags_exist(i):
     if vctx["compilation_config"]:
         assert set(json.loads(vctx["compilation_config"])["pass_config"]) <= set(VL["pass_config_fields"])
     spec = json.loads(env.get_template(VLLM_TEMPLATES[0]).render(**COMMON, **vctx))
-    assert set(spec) <= set(VL["speculative_config_fields"]) and spec["method"] == "dspark"
+    if params.get("spec.enabled", True):
+        assert set(spec) <= set(VL["speculative_config_fields"]) and spec["method"] == "dspark"
+    else:
+        assert spec == {} and "--speculative-config" not in vs  # plain decoding names no method
 
 
 def test_sts_payload_truncates_a_longer_calibration_to_gamma():

@@ -23,6 +23,7 @@ from tuner.objective import Evaluation, Evaluator
 
 WARMUP_REQUESTS = 4  # sent (and discarded) after each start: lazy allocations, first-call compilation
 SWEEP = (0.5, 0.7, 0.85, 1.0)  # --load sweep: open-loop rates as fractions of the closed loop's request rate
+DYING_S = 3.0  # how long a server that stopped answering gets to finish exiting before it counts as hung
 
 
 class LiveEvaluator(Evaluator):
@@ -183,16 +184,16 @@ class LiveEvaluator(Evaluator):
         try:
             target = self._target()
         except ProfileError as e:
-            self._check_alive()
+            self._check_alive(wait_s=DYING_S)  # a server that stopped answering may be exiting: its status says why
             raise ServerFailed("died", f"the server answers /health but not /v1/models: {e}") from None
         plan = plan_requests(self.workload, n, self.max_tokens, seed)
         records, wall = run(target, plan, None, concurrency, self.spec.trial_seconds)
         self._check_alive()
         return target, records, wall
 
-    def _check_alive(self) -> None:
+    def _check_alive(self, wait_s: float = 0.0) -> None:
         assert self.server is not None
-        rc = self.server.exited()
+        rc = self.server.exited(wait_s)
         if rc is not None:
             raise ServerFailed("died", f"the server exited with status {rc} under load: {self.server.reason()}")
 

@@ -152,7 +152,12 @@ class Server:
                 return classify(m.group(1).strip()[:400])
         return classify(self.tail())
 
-    def exited(self) -> int | None:
+    def exited(self, wait_s: float = 0.0) -> int | None:
+        """The exit status, or None while it runs; `wait_s`: give a process that just stopped answering that long
+        to finish exiting (a refused connection comes before the exit is reaped)."""
+        if wait_s > 0:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=wait_s)
         return self.proc.poll()
 
     def wait_healthy(self, timeout_s: float) -> float:
