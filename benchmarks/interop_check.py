@@ -44,6 +44,13 @@ CASES = {  # name -> (profile arguments, tune arguments)
     "qwen3-eagle3/h100": (["--model", "qwen3", "--drafter", "eagle3"], ["--gpu", "h100"]),
     "qwen3-30b-a3b/a100": (["--model", "qwen3-30b-a3b", "--gpu", "a100"], []),
     "tiny/cpu": (["--model", "tiny", "--gpu", "cpu"], ["--trials", "4", "--trial-seconds", "30"]),
+    # issue 38's deployments beyond the README's (DeepSeek-V3 on 8 x H200 is above)
+    "llama-3.1-8b/l40s/chat": (["--model", "llama-3.1-8b", "--gpu", "l40s", "--workload", "chat"], []),
+    "qwen3-30b-a3b/2xh100/code/tpot20": (["--model", "qwen3-30b-a3b", "--gpu", "h100", "--gpus", "2", "--workload",
+                                          "code", "--slo-tpot-ms", "20"], []),
+    "llama-3.1-70b/4xa100/math": (["--model", "llama-3.1-70b", "--gpu", "a100", "--gpus", "4", "--workload", "math"],
+                                  []),
+    "smollm2/cpu": (["--model", "smollm2-135m", "--gpu", "cpu"], ["--trials", "4", "--trial-seconds", "30"]),
 }
 
 

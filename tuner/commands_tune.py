@@ -332,6 +332,9 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         err_console.print(f"interrupted: study {escape(study_name)} keeps its {n} completed trials; resume with "
                           f"--study {escape(study_name)}", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
+    if not as_json and st.StudySpec.model_validate(done.user_attrs[st.SPEC_ATTR]).mode == "measure":
+        err_console.print("exporting: profiling the steps-per-second table of the chosen configuration on this device "
+                          "(every verify batch size it may run; minutes on a CPU) ...", highlight=False)
     result = export_study(url, study_name, out)
     summary = {"study": study_name, "trials": len(st.completed(done)), **result.to_json()}
     _warn_assumed(done, result.params)

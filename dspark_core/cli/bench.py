@@ -61,6 +61,24 @@ def method_params(name: str, config: EngineConfig) -> dict[str, Any]:
     return params
 
 
+def committed_policy_paths(cfg: EngineConfig) -> EngineConfig:
+    """A learned choice (`/learned`, `@learned`) with no policy file in the config takes the one committed beside
+    the model's drafters for this device, dtype and head (`policy_<hw>_<dtype>_<head>.json`,
+    `gamma_<hw>_<dtype>_<head>.json`), as `profile` finds them; with none committed the engine says which to train."""
+    from dspark_core.config import committed_assets
+    from dspark_core.modeling.checkpoint import resolve_device
+
+    root = committed_assets(cfg.model.path)
+    if root is None or resolve_device(cfg.device) != "cpu":  # GPU policies are named by the GPU, which a bench
+        return cfg  # here cannot tell: give --config with spec.policy_path there
+    dtype = {"auto": "fp32"}.get(cfg.weights.dtype, cfg.weights.dtype)  # auto on a CPU runs fp32
+    for flag, key, prefix in (("scheduler", "policy_path", "policy"), ("gamma_policy", "gamma_policy_path", "gamma")):
+        path = root / f"{prefix}_cpu_{dtype}_{cfg.spec.head}.json"
+        if getattr(cfg.spec, flag) == "learned" and not getattr(cfg.spec, key) and path.is_file():
+            setattr(cfg.spec, key, str(path))
+    return cfg
+
+
 class Method(Protocol):
     """A generation method under test."""
 
@@ -210,7 +228,7 @@ def build_methods(spec: BenchSpec, config: EngineConfig, target: LeanModel, toke
             methods.append(HFAssistedMethod(name, str(checkpoint_folder(base.model.path)), None,
                                             set(target.arch.eos_ids), hf_dtype, prompt_lookup=HF_PROMPT_LOOKUP_TOKENS))
         else:
-            cfg = apply_params(base, method_params(name, base))
+            cfg = committed_policy_paths(apply_params(base, method_params(name, base)))
             methods.append(EngineMethod(name, cfg, target, tokenizer))
     return methods
 
