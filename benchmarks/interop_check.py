@@ -234,6 +234,30 @@ def _stand_in_eagle3(profile, params: dict, where: Path) -> Path:
     return folder
 
 
+def _stand_in_dflash(profile, params: dict, where: Path) -> Path:
+    """The config.json of a DFlash drafter for the target, as z-lab ships them for SGLang's DFLASH (a Qwen3-style
+    `DFlashDraftModel` at the target's width, its block size and target layers in `dflash_config`), no weights."""
+    from profiler.catalog import resolve_model
+
+    entry, _ = resolve_model(profile.model.name)
+    c = entry.config
+    heads, layers, n = int(c["num_attention_heads"]), 5, int(c["num_hidden_layers"])
+    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": int(c["hidden_size"]),
+           "intermediate_size": int(c["intermediate_size"]), "num_hidden_layers": layers,
+           "num_attention_heads": heads, "num_key_value_heads": int(c.get("num_key_value_heads", heads)),
+           "head_dim": int(c.get("head_dim") or int(c["hidden_size"]) // heads), "vocab_size": int(c["vocab_size"]),
+           "rms_norm_eps": float(c.get("rms_norm_eps", 1e-6)), "rope_theta": float(c.get("rope_theta", 10000.0)),
+           "max_position_embeddings": int(c.get("max_position_embeddings", 32768)), "hidden_act": "silu",
+           "torch_dtype": "bfloat16", "block_size": 16,
+           "dflash_config": {"block_size": 16, "target_layer_ids": [1 + i * (n - 3) // (layers - 1)
+                                                                   for i in range(layers)],
+                             "mask_token_id": int(c["vocab_size"]) - 1}}
+    folder = where / "drafter-block"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    return folder
+
+
 def _run_script(script: Path, env: dict[str, str], extra: tuple[str, ...] = ()) -> dict:
     proc = subprocess.run(["bash", str(script), *extra], env=env, capture_output=True, text=True, timeout=600)
     last = next((line for line in reversed(proc.stdout.strip().splitlines()) if line.startswith("{")), None)
@@ -275,7 +299,7 @@ def run_case(name: str, py: Path, work: Path, vllm_cpu: Path | None = None) -> d
     method = prov.get("speculative_method") or "none"
     row["tuned"]["spec.method"] = method
     row["schedule"] = prov.get("draft_schedule")
-    stand_in = {"dspark": _stand_in_drafter, "eagle3": _stand_in_eagle3}.get(method)
+    stand_in = {"dspark": _stand_in_drafter, "eagle3": _stand_in_eagle3, "dflash": _stand_in_dflash}.get(method)
     if stand_in is not None and not (bundle / "drafter").is_dir():
         run_env["DRAFT_MODEL_PATH"] = str(stand_in(profile, params, case))
         row["env"] = ["MODEL_PATH", "DRAFT_MODEL_PATH"]
