@@ -103,13 +103,12 @@ def _from_production(p) -> bool:  # noqa: ANN001 - profiler.schema.Profile
 
 def _keep_production_acceptance(database, profile) -> None:  # noqa: ANN001 - kb Database, profiler Profile
     """A deployment's measured acceptance of this model, drafter and workload domain holds on any GPU and
-    whatever flags repeat the profile: it replaces what a fresh profile assumed (a published prior or a catalogue
-    figure), never another measurement of this profile's own. The profile's content, and so the study, changes
-    with it: a tune after `profile --from-monitor` is a new study, not a resumed one that runs no trial."""
+    whatever flags repeat the profile: it replaces what a fresh profile took (a published prior, a catalogue figure
+    or a bench of the committed drafter: the deployment ran the real traffic). The profile's content, and so the
+    study, changes with it: a tune after `profile --from-monitor` is a new study, not a resumed one that runs no
+    trial."""
     from kb.store import latest_production
 
-    if (profile.accept.source or "").startswith("measured") and not _from_production(profile):
-        return
     prod = latest_production(database, profile.model.name, profile.drafter.chosen, profile.workload.domain or None)
     if prod is not None:
         profile.accept = prod.accept

@@ -97,9 +97,10 @@ def prequantized(p: dict[str, Any]) -> dict[str, Any]:
     the bf16 base, so MODEL_PATH must name one (the script refuses to start without it, and says why)."""
     dtype = str(p.get("weights.dtype"))
     if dtype not in PREQUANTIZED:
-        return {"prequantized": None, "prequantized_short": None}
-    return {"prequantized": f"weights: {PREQUANTIZED[dtype]}; the profiled model id is its bf16 base, which the "
-                            "engine would refuse to load as that format", "prequantized_short": dtype}
+        return {"needs_prequantized": False, "prequantized": ""}
+    return {"needs_prequantized": True, "prequantized": f"weights: {PREQUANTIZED[dtype]}; the profiled model id is "
+                                                       "its bf16 base, which the engine would refuse to load as that "
+                                                       "format"}
 
 
 def _common(profile: Profile, p: dict[str, Any], bundled: bool, max_seq_len: int) -> dict[str, Any]:

@@ -89,10 +89,11 @@ def serve_cmd(
     if threads:
         torch.set_num_threads(threads)
     cfg = _config(config, model)
-    _startup_line(cfg)
+    said = _startup_line(cfg)
     t0 = time.perf_counter()
     engine = Engine(cfg)
-    typer.echo(f"loaded in {time.perf_counter() - t0:.1f} s", err=True)
+    if said:
+        typer.echo(f"loaded in {time.perf_counter() - t0:.1f} s", err=True)
     name = served_name or Path(cfg.model.path).name
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -132,16 +133,23 @@ def register(app: typer.Typer) -> None:
     app.command("serve")(serve_cmd)
 
 
-def _startup_line(cfg) -> None:  # noqa: ANN001 - dspark_core.config.EngineConfig
-    """One line before the load (which can take a minute and gigabytes): what the engine will allocate, from the
-    configs alone (dspark_core/preflight.py), so a bundle too big for the machine is visible before it grows."""
+STARTUP_LINE_BYTES = 256 << 20  # loads smaller than this take well under a second: no start-up line
+
+
+def _startup_line(cfg) -> bool:  # noqa: ANN001 - dspark_core.config.EngineConfig
+    """One line before a load that takes time and memory (STARTUP_LINE_BYTES and up): what the engine will
+    allocate, from the configs alone (dspark_core/preflight.py), so a bundle too big for the machine is visible
+    before it grows. Returns whether it said it."""
     from dspark_core.memory import gib
     from dspark_core.preflight import engine_parts
 
     try:
         parts = engine_parts(cfg, None)
     except (DSparkError, OSError, ValueError):  # the load itself says what is wrong, in one line
-        return
+        return False
+    if sum(parts.values()) < STARTUP_LINE_BYTES:
+        return False
     detail = ", ".join(f"{k} {gib(v)}" for k, v in parts.items() if v)
     typer.echo(f"loading {cfg.model.path} on {cfg.device}: about {gib(sum(parts.values()))} ({detail}; "
                f"{cfg.batch.max_requests} requests x {cfg.model.max_seq_len} positions) ...", err=True)
+    return True

@@ -57,7 +57,8 @@ def test_a_format_needing_a_prequantised_checkpoint_asks_for_one(tmp_path, dtype
     write_sglang(tmp_path, sglang_context(profile, p, False, 4096), COMMON)
     for script in ("vllm.sh", "sglang.sh"):
         code, argv, err = run_script(tmp_path / script, tmp_path)
-        assert code != 0 and not argv and f"tuned for {dtype} weights" in err and "MODEL_PATH" in err, (script, err)
+        assert code != 0 and not argv and "tuned for pre-quantised weights" in err and "MODEL_PATH" in err, err
+        assert dtype in (tmp_path / script).read_text().split("\nmodel=")[0]  # the comment names the format
         code, argv, err = run_script(tmp_path / script, tmp_path, MODEL_PATH="/ckpt/llama-70b-quantised")
         assert code == 0 and "/ckpt/llama-70b-quantised" in argv, err
     fp8 = {**p, "weights.dtype": "fp8"}  # quantised at load from the bf16 checkpoint: the default model stands
