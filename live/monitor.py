@@ -134,14 +134,12 @@ def compare(win: dict[str, Any], pred: dict[str, Any], tolerance: float) -> list
 
 
 def watch(url: str, interval_s: float, samples: int | None, duration_s: float | None,
-          on_sample: Callable[[Sample], None], sleep: Callable[[float], None] | None = None,
-          first_done: bool = False) -> int:
+          on_sample: Callable[[Sample], None], first_done: bool = False) -> int:
     """Scrape every `interval_s` until `samples` scrapes or `duration_s` seconds (Ctrl-C or SIGTERM stops it
     too, between samples: a sample is stored whole or not at all); returns the number of scrapes. A scrape that
     fails after the first is skipped, not fatal: the server may restart (`first_done`: the caller has scraped
     once already, so every failure is skipped)."""
     stop = threading.Event()
-    wait = sleep if sleep is not None else stop.wait  # a stop wakes the default wait at once
     previous = _on_stop_signals(stop)
     start, n = time.monotonic(), 0
     try:
@@ -157,7 +155,7 @@ def watch(url: str, interval_s: float, samples: int | None, duration_s: float | 
                 return n
             if duration_s is not None and time.monotonic() - start + interval_s > duration_s:
                 return n
-            wait(max(0.0, interval_s - (time.monotonic() - t)))
+            stop.wait(max(0.0, interval_s - (time.monotonic() - t)))  # a stop wakes it at once
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -128,9 +128,13 @@ def covers(profile: Profile, engine: str = "sglang") -> tuple[AicTarget | None, 
     try:
         handle(target, 1, "bf16", "auto", bool(profile.model.num_experts)).decode_ms(1, 1, 512)
     except Exception as exc:  # noqa: BLE001 - any refusal of AIC's means it cannot price this model
-        said = re.sub(r" at /\S+.*$", "", (str(exc).splitlines() or [""])[0])
-        return None, f"AIC has no measured kernels for {profile.model.name}'s shapes ({said[:160]})"
+        return None, f"AIC has no measured kernels for {profile.model.name}'s shapes ({_said(exc)})"
     return target, ""
+
+
+def _said(exc: BaseException) -> str:
+    """An AIC refusal's first line, without the local file path its Rust core appends, bounded for one line."""
+    return re.sub(r" at /\S+.*$", "", (str(exc).splitlines() or [""])[0])[:160]
 
 
 class _Handle:
@@ -394,9 +398,8 @@ def aic_perf(base: PerfModel, profile: Profile, engine: str = "sglang") -> tuple
             try:
                 h = handle(target, base.tp, weights, kv, moe)
             except Exception as exc:  # noqa: BLE001 - AIC refuses a layout or lacks a table: try the next variant
-                said = re.sub(r" at /\S+.*$", "", (str(exc).splitlines() or [""])[0])  # no local file paths
                 why = (f"AIC cannot compile {profile.model.name} at tp {base.tp} ({weights} weights, {kv} KV): "
-                       f"{said[:160]}")
+                       f"{_said(exc)}")
         if why:
             first = first or why
             continue

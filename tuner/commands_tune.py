@@ -331,13 +331,13 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         err_console.print(f"interrupted: study {escape(study_name)} keeps its {n} completed trials; resume with "
                           f"--study {escape(study_name)}", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
-    if not as_json and st.StudySpec.model_validate(done.user_attrs[st.SPEC_ATTR]).mode == "measure":
+    stored = st.StudySpec.model_validate(done.user_attrs[st.SPEC_ATTR])
+    if not as_json and stored.mode == "measure":
         err_console.print("exporting: profiling the steps-per-second table of the chosen configuration on this device "
                           "(every verify batch size it may run; minutes on a CPU) ...", highlight=False)
     result = export_study(url, study_name, out)
     summary = {"study": study_name, "trials": len(st.completed(done)), **result.to_json()}
-    _warn_assumed(done, result.params)
-    stored = st.StudySpec.model_validate(done.user_attrs[st.SPEC_ATTR])
+    _warn_assumed(stored, result.params)
     if stored.mode == "live":
         from tuner.live.calibration import store
 
@@ -355,13 +355,11 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                          "one and report.md says by how much (loosen the SLOs, add GPUs or change the workload)")
 
 
-def _warn_assumed(study, params: dict) -> None:  # noqa: ANN001 - optuna Study
+def _warn_assumed(spec, params: dict) -> None:  # noqa: ANN001 - tuner.study.StudySpec
     """One warning line when the exported trial's acceptance is assumed (nothing measured or published it for the
     deployed drafter on this model): report.md's first lines give the range its figures rest on."""
-    from tuner import study as st
     from tuner.report import assumed_acceptance
 
-    spec = st.StudySpec.model_validate(study.user_attrs[st.SPEC_ATTR])
     source = assumed_acceptance(spec.profile_model(), params)
     if source is not None:
         err_console.print(f"[yellow]warning:[/] the acceptance of the deployed drafter is assumed ({source}); "

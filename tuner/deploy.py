@@ -30,7 +30,8 @@ def check(deploy: str) -> str:
 
 
 def why_not(engine: str, params: dict[str, Any]) -> str | None:
-    """Why `engine` cannot run `params` (None: it can), in the words the script would use."""
+    """Why `engine` cannot run `params` (None: it can), in the words the script would use: the one place the
+    engines' limits are stated (`restrict` asks it choice by choice)."""
     if not params.get("spec.enabled", True):
         return None
     method = str(params.get("spec.method") or "dspark")
@@ -74,12 +75,15 @@ def restrict(space: SearchSpace, deploy: str | None) -> SearchSpace:
         if name in warm and warm[name] not in left:
             del warm[name]
 
+    def vllm_head(h: Any) -> bool:
+        return why_not("vllm", {"spec.method": "dspark", "spec.head": h}) is None
+
     if "sglang" in want:
-        keep("spec.method", lambda m: m in SGLANG_ALGORITHM, "SGLang 0.5.23 cannot run")
+        keep("spec.method", lambda m: why_not("sglang", {"spec.method": m}) is None, "SGLang 0.5.23 cannot run")
     if "vllm" in want:
         head_choices = dists["spec.head"].choices if "spec.head" in dists else (value("spec.head"),)
-        if any(h in VLLM_HEADS for h in head_choices):
-            keep("spec.head", lambda h: h in VLLM_HEADS, "vLLM 0.33 cannot run (only the Markov DSpark head)")
+        if any(vllm_head(h) for h in head_choices):
+            keep("spec.head", vllm_head, "vLLM 0.33 cannot run (only the Markov DSpark head)")
         else:  # the drafter's head is one vLLM lacks: DSpark is out for this deploy
             keep("spec.method", lambda m: m != "dspark",
                  f"with the {head_choices[0]} head vLLM 0.33 cannot run (only the Markov DSpark head)")

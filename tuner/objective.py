@@ -114,7 +114,7 @@ class SimulateEvaluator(Evaluator):
         if self.cost == "aic":
             from tuner.aic import resolve
 
-            target, _ = resolve(self.profile)
+            target, _ = resolve(self.profile, self.aic_engine)
             if target is not None:
                 return f"{target.source()} (a dtype it has not timed: its nearest timed one x the roofline ratio)"
         return f"roofline ({self.eff.source})"
@@ -192,4 +192,3 @@ class SimulateEvaluator(Evaluator):
         gamma = int(params["spec.block_size"])
         budget = min(int(params["batch.max_tokens"]), int(params["batch.max_requests"]) * (gamma + 1))
         return sps_table(self.perf(params), max(2, budget), ctx, int(params["batch.max_requests"]))
-

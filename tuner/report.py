@@ -240,6 +240,8 @@ def _acceptance_plot(out: Path, trial: Any, params: dict[str, Any], profile: Pro
 
 
 ASSUMED_RANGE = 0.3  # the what-if on an assumed acceptance: tau this much lower and higher
+MEASURE_IT = ("Measure the acceptance (`bench --record-acceptance`, or `monitor` a deployment and `profile "
+              "--from-monitor`) before trusting the speedup.")
 
 
 def assumed_acceptance(profile: Profile, params: dict[str, Any]) -> str | None:
@@ -271,8 +273,7 @@ def assumed_line(profile: Profile, params: dict[str, Any], evaluator: Evaluator,
             f"drafter on this model, so the figures rest on {source[len('prior: '):]}.")
     tau = metrics.get("tau")
     if evaluator.mode != "simulate" or not tau:
-        return line + " Measure it (`bench --record-acceptance`, or `monitor` a deployment and `profile "\
-            "--from-monitor`) before trusting the speedup."
+        return f"{line} {MEASURE_IT}"
     got = []
     for scale in (1 - ASSUMED_RANGE, 1 + ASSUMED_RANGE):
         evaluator.tau_scale = scale
@@ -284,8 +285,7 @@ def assumed_line(profile: Profile, params: dict[str, Any], evaluator: Evaluator,
     shown = [f"{v:,.0f}" if v else "infeasible" for v in got]
     return line + (f" With tau {tau * (1 - ASSUMED_RANGE):.2f}-{tau * (1 + ASSUMED_RANGE):.2f} (±30% of "
                    f"{tau:.2f}) the exported configuration gives {shown[0]}-{shown[1]} tok/s (predicted "
-                   f"{metrics.get('throughput', 0):,.0f}). Measure the acceptance (`bench --record-acceptance`, or "
-                   "`monitor` a deployment and `profile --from-monitor`) before trusting the speedup.")
+                   f"{metrics.get('throughput', 0):,.0f}). {MEASURE_IT}")
 
 
 def layout_line(profile: Profile, params: dict[str, Any]) -> str | None:

@@ -69,15 +69,14 @@ class StudySpec(BaseModel):
 
     def identity(self) -> dict[str, Any]:
         """What makes two specs the same study: the model, the hardware by name and count, the workload as
-        profiled and the plan; not the figures a measurement of this machine moves from run to run (measured
-        bandwidth, a CPU's entropy), so resuming a measured study re-profiles without a false mismatch."""
+        profiled, the plan and (simulated: a new measurement of it is a new study) the acceptance; not the figures a
+        measurement of this machine moves from run to run (measured bandwidth, a CPU's entropy), so resuming a
+        measured study re-profiles without a false mismatch."""
         p = self.profile_model()
         wl = p.workload.model_dump(mode="json", exclude={"entropy"})
         hw = {"name": p.hw.name, "arch": p.hw.arch, "count": p.hw.count}
-        out = {"model": p.model.model_dump(mode="json"), "hw": hw, "workload": wl, "plan": self.plan}
-        if self.mode == "simulate":  # the acceptance a simulation assumes: a new measurement of it is a new study
-            out["accept"] = p.accept.model_dump(mode="json")
-        return out
+        accept = {"accept": p.accept.model_dump(mode="json")} if self.mode == "simulate" else {}
+        return {"model": p.model.model_dump(mode="json"), "hw": hw, "workload": wl, "plan": self.plan, **accept}
 
     def plan_model(self) -> Plan:
         return Plan.model_validate(self.plan)
