@@ -87,15 +87,20 @@ def detect(measure: bool = True, progress: Progress | None = None) -> HwProfile:
         hw.memory_gb = round(props.total_memory / GIB, 1)
         device = "cuda"
     else:
-        facts = _cpu_facts()
-        hw = from_entry(next(g for g in gpus() if g.name == "cpu"), count=1)
-        hw.name = f"cpu: {facts['name']}"
-        hw.vendor = facts["vendor"]
-        hw.memory_gb = facts["memory_gb"]
-        hw.num_sms = facts["cores"]
-        device = "cpu"
+        hw, device = local_cpu(), "cpu"
     if measure:
         hw.measured = microbenchmarks(device, progress)
+    return hw
+
+
+def local_cpu() -> HwProfile:
+    """This machine's CPU: the catalogue's cpu entry with the model name, cores and memory found here."""
+    facts = _cpu_facts()
+    hw = from_entry(next(g for g in gpus() if g.name == "cpu"), count=1)
+    hw.name = f"cpu: {facts['name']}"
+    hw.vendor = facts["vendor"]
+    hw.memory_gb = facts["memory_gb"]
+    hw.num_sms = facts["cores"]
     return hw
 
 
@@ -153,9 +158,15 @@ MICROBENCH_STEPS = 4  # progress steps microbenchmarks() reports (bf16, fp16, fp
 
 
 def hardware_profile(gpu: str | None, measure: bool = True, progress: Progress | None = None) -> HwProfile | None:
-    """``gpu``: a catalogue name (forgiving), 'auto' to detect this machine, or None for no hardware."""
+    """``gpu``: a catalogue name (forgiving), 'auto' to detect this machine, or None for no hardware. 'cpu' is this
+    machine's CPU (its memory and cores: a CPU has no catalogue figures to stand for it)."""
     if gpu is None:
         return None
     if gpu.strip().lower() == "auto":
         return detect(measure=measure, progress=progress)
-    return from_entry(resolve_gpu(gpu), count=None)
+    entry = resolve_gpu(gpu)
+    if entry.name == "cpu":  # this machine's memory and cores, under the catalogue's name ('auto' also times it)
+        hw = local_cpu()
+        hw.name = entry.name
+        return hw
+    return from_entry(entry, count=None)

@@ -48,10 +48,13 @@ def verdict(p: Profile) -> list[str]:
                    f"{d.ridge_intensity:.3g} FLOP/B, step ~{d.decode_step_ms:.3g} ms"
                    f"{f' at TP={d.min_tp_bf16}' if d.min_tp_bf16 and d.min_tp_bf16 > 1 else ''}{tail}.")
     elif d.arith_intensity is not None:
-        out.append(f"Decode at batch {d.decode_batch}: {d.arith_intensity:.3g} FLOP/B "
-                   "(give --gpu to compare with a ridge point).")
+        how = ("profile with --gpu auto to time this CPU's rates" if hw and hw.arch == "cpu" else
+               "give --gpu to compare with a ridge point")
+        out.append(f"Decode at batch {d.decode_batch}: {d.arith_intensity:.3g} FLOP/B ({how}).")
     if d.min_tp_bf16 is not None or d.min_tp_fp8 is not None or hw.memory_gb:
         def tp(x: int | None) -> str:
+            if hw and hw.arch == "cpu":
+                return "fits" if x == 1 else "does not fit"
             return "does not fit in 64 GPUs" if x is None else ("1 GPU" if x == 1 else f"TP={x}")
         wb = m.weight_bytes
         out.append(f"Memory ({hw.memory_gb:g} GiB per device, weights + KV of {d.decode_batch} requests): "
@@ -101,7 +104,7 @@ def render_profile(p: Profile, console: Console, profile_id: int | None = None) 
         pk = hw.peak_tflops
         _kv(t, "arch", f"{hw.arch} (sm {hw.sm}), {hw.num_sms or '-'} SMs/cores, L2 {hw.l2_mb or '-'} MB, "
                        f"{hw.interconnect}")
-        _kv(t, "memory", f"{hw.memory_gb} GiB at {hw.bandwidth_gbs or '-'} GB/s")
+        _kv(t, "memory", f"{hw.memory_gb:g} GiB at {hw.bandwidth_gbs or '-'} GB/s" if hw.memory_gb else "unknown")
         if pk and pk.bf16:
             _kv(t, "dense peak", f"bf16 {pk.bf16:g}, fp8 {pk.fp8 if pk.fp8 else '-'}, int8 {pk.int8 or '-'} TFLOP/s")
         if hw.measured:

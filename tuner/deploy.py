@@ -87,7 +87,7 @@ def restrict(space: SearchSpace, deploy: str | None) -> SearchSpace:
         else:  # the drafter's head is one vLLM lacks: DSpark is out for this deploy
             keep("spec.method", lambda m: m != "dspark",
                  f"with the {head_choices[0]} head vLLM 0.33 cannot run (only the Markov DSpark head)")
-    return SearchSpace(dists, fixed, space.defaults, warm)
+    return SearchSpace(dists, fixed, space.defaults, warm, space.running_cap)
 
 
 def _other(want: tuple[str, ...]) -> str:

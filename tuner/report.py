@@ -102,6 +102,7 @@ def write_report(out: Path, template, study, spec: StudySpec, trial, meets: bool
     assumed = assumed_line(profile, params, evaluator, exported_metrics(study, spec, trial), spec.seed)
     text = template.render(
         **common, mode_line=mode_line, assumed_line=assumed, layout_line=layout_line(profile, params),
+        running_line=running_line(profile, params, evaluator.mode),
         live_rows=live_rows(trials, study.user_attrs.get(CONFIRM_ATTR)),
         calibration_line=calibration_line(trials),
         n_complete=len(trials), n_feasible=len(feasible_ids), objectives=labels,
@@ -204,6 +205,8 @@ def cost_line(trials: list, exported) -> str:  # noqa: ANN001 - optuna FrozenTri
     if scaled:
         line += (f"; {scaled} of {len(priced)} trials at a dtype AIC has not timed, priced as AIC's nearest timed "
                  "variant x the roofline's ratio")
+    elif bases[0].startswith("aic:"):
+        line += f"; all {len(priced)} trials on AIC's own timings (none needed the scaled fallback)"
     return line + f". The exported trial: {exported.user_attrs.get('cost_source', '?')}"
 
 
@@ -286,6 +289,22 @@ def assumed_line(profile: Profile, params: dict[str, Any], evaluator: Evaluator,
     return line + (f" With tau {tau * (1 - ASSUMED_RANGE):.2f}-{tau * (1 + ASSUMED_RANGE):.2f} (±30% of "
                    f"{tau:.2f}) the exported configuration gives {shown[0]}-{shown[1]} tok/s (predicted "
                    f"{metrics.get('throughput', 0):,.0f}). {MEASURE_IT}")
+
+
+def running_line(profile: Profile, params: dict[str, Any], mode: str) -> str | None:
+    """Why the running-request cap is what it is, against the workload's closed-loop clients (a cap of 1024 for 64
+    clients was exported before: it never runs, and graphs captured for it waste memory and start-up time)."""
+    from tuner.space import closed_loop_clients
+
+    clients = 0 if mode == "live" else closed_loop_clients(profile.workload)
+    cap = int(params.get("batch.max_requests") or 0)
+    if not clients or not cap:
+        return None
+    if cap >= clients:
+        return (f"at most {cap} at once, the workload's {clients} closed-loop clients: more never run, so the search "
+                "caps it there. For more traffic, profile that load (`--concurrency`) and tune again")
+    return (f"at most {cap} of the workload's {clients} requests in flight run at once (the tuned cap); the rest wait "
+            "in the queue")
 
 
 def layout_line(profile: Profile, params: dict[str, Any]) -> str | None:

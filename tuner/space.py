@@ -56,23 +56,32 @@ class SearchSpace:
     fixed: dict[str, Any]  # param -> value (plan.fixed)
     defaults: dict[str, Any]  # param -> engine default (neither fixed nor searched)
     warm_start: dict[str, Any]  # plan.prefer restricted to searched params
+    running_cap: int = 0  # closed-loop clients of the workload: more running requests never run (0: open loop)
 
     def params_of(self, sampled: dict[str, Any]) -> dict[str, Any]:
         """The full parameter set of a trial, bounded as the engines bound it (`consistent`): what a trial runs,
         scores and exports is one configuration."""
-        return consistent({**self.defaults, **self.fixed, **sampled})
+        return consistent({**self.defaults, **self.fixed, **sampled}, self.running_cap)
 
     def suggest(self, trial) -> dict[str, Any]:  # trial: optuna.Trial
         return self.params_of({n: _suggest(trial, n, d) for n, d in self.distributions.items()})
 
 
-def consistent(params: dict[str, Any]) -> dict[str, Any]:
+def closed_loop_clients(workload) -> int:
+    """How many requests a closed-loop workload keeps in flight (0 for an open-loop one: arrivals at a rate)."""
+    return 0 if workload.request_rate else int(workload.concurrency or 0)
+
+
+def consistent(params: dict[str, Any], running_cap: int = 0) -> dict[str, Any]:
     """`params` with each setting past the bound another one sets brought to that bound, where the engines would run
     it so anyway: a prefill chunk never holds more than one forward's tokens (SGLang's --max-prefill-tokens caps
-    it), and CUDA graphs for more requests than may run are captured for nothing (memory and start-up time). The
-    exported scripts then say what runs (a chunk of 10240 beside 8192 prefill tokens, graphs for 544 requests beside
-    a cap of 256, were both exported before)."""
+    it), CUDA graphs for more requests than may run are captured for nothing (memory and start-up time), and a
+    closed-loop workload of `running_cap` clients never runs more requests than that. The exported scripts then say
+    what runs (a chunk of 10240 beside 8192 prefill tokens, graphs for 544 requests beside a cap of 256, a cap of
+    1024 for 64 clients, were all exported before)."""
     out = dict(params)
+    if running_cap and int(out.get("batch.max_requests") or 0) > running_cap:
+        out["batch.max_requests"] = running_cap
     tokens, chunk = int(out.get("batch.max_tokens") or 0), int(out.get("batch.chunked_prefill") or 0)
     if tokens and chunk > tokens:
         out["batch.chunked_prefill"] = tokens

@@ -25,7 +25,7 @@ from kb.match import Plan
 from profiler.schema import Profile
 from tuner.errors import TunerError
 from tuner.objective import OBJECTIVES, Evaluator, SimulateEvaluator
-from tuner.space import SearchSpace, space_from_plan
+from tuner.space import SearchSpace, closed_loop_clients, space_from_plan
 from tuner.storage import _RetryStale, grace_s, heartbeat_s, stop_heartbeats, storage  # noqa: F401 - the study's storage, re-exported
 from tuner.trial_run import fail_dead, faults_as_one_line, run_trial
 
@@ -85,19 +85,17 @@ class StudySpec(BaseModel):
         """The searched space: kernel knobs only when measuring on a GPU, where they can be observed."""
         gpu_measure = self.mode == "measure" and self.profile_model().hw.arch not in (None, "cpu")
         space = space_from_plan(self.plan_model(), tune_kernels=gpu_measure)
+        space.running_cap = 0 if self.mode == "live" else closed_loop_clients(self.profile_model().workload)
         method = space.distributions.get("spec.method")
         if self.mode == "measure" and method is not None and "dspark" in method.choices:
             # the bundled engine measures DSpark with the drafter it finds: the other methods are priced, not run
             del space.distributions["spec.method"]
             space.warm_start.pop("spec.method", None)
             space.fixed["spec.method"] = "dspark"
-        if self.mode == "live":
-            from tuner.live.space import engine_space
-
-            return engine_space(space, self)
         from tuner.deploy import restrict
+        from tuner.live.space import engine_space
 
-        return restrict(space, self.deploy)
+        return engine_space(space, self) if self.mode == "live" else restrict(space, self.deploy)
 
 
 @contextmanager

@@ -161,3 +161,24 @@ def test_a_cpus_roofline_uses_the_dtype_the_engine_would_run():
                                                                              "tflops_fp32": 0.067}})
     peak, bw = _ceilings(hw)
     assert peak == pytest.approx(0.067e12) and bw == pytest.approx(16e9)
+
+
+def test_gpu_cpu_profiles_this_machines_memory_and_cores(monkeypatch, tmp_path, capsys):
+    """`profile --gpu cpu` showed "memory None GiB" and "give --gpu" beside the --gpu it was given: the catalogue's
+    cpu entry has no figures, so the machine's own memory and cores stand for it."""
+    import cli
+    from kb.db import open_db
+    from kb.store import latest_profile
+
+    monkeypatch.setenv("DSPARK_DB", f"sqlite:///{tmp_path / 'kb.sqlite'}")
+    monkeypatch.setenv("COLUMNS", "200")
+    assert cli.main(["profile", "--model", "tiny", "--gpu", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "None GiB" not in out and "give --gpu" not in out and "--gpu auto" in out
+    db = open_db(None)
+    try:
+        hw = latest_profile(db)[1].hw
+    finally:
+        db.dispose()
+    assert hw.name == "cpu" and hw.memory_gb and hw.memory_gb > 0 and hw.num_sms >= 1
+    assert f"{hw.memory_gb:g} GiB" in out

@@ -63,7 +63,7 @@ def engine_space(space: SearchSpace, spec) -> SearchSpace:  # noqa: ANN001 - tun
         # trial can see, and every value is another server start
         dists["batch.max_requests"] = IntDistribution(cap.low, max(cap.low, int(clients)), log=cap.log)
     warm = {k: v for k, v in space.warm_start.items() if k in dists and v in getattr(dists[k], "choices", [v])}
-    return SearchSpace(dists, fixed, defaults, warm)
+    return SearchSpace(dists, fixed, defaults, warm, space.running_cap)
 
 
 def _first(d) -> Any:  # noqa: ANN001 - optuna distribution
