@@ -119,6 +119,7 @@ class EngineConfig(_Section):
 
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     seed: int = 0  # global seed (model init, sampling defaults)
+    compile: bool = False  # decode / verify steps through torch.compile in shape buckets (modeling/compiled.py)
     model: ModelSection = Field(default_factory=ModelSection)  # target checkpoint
     drafter: DrafterSection = Field(default_factory=DrafterSection)  # draft method and weights
     spec: SpecSection = Field(default_factory=SpecSection)  # speculative decoding (spec.*)

@@ -101,6 +101,10 @@ class Engine:
 
         preflight(c, target.arch if target is not None else None, with_drafter=drafter is None)
         self.target = target if target is not None else load_model(c.model.path, c.device, c.weights.dtype)
+        if c.compile:
+            from dspark_core.modeling.compiled import CompiledStep
+
+            self.target.compiled = CompiledStep(self.target)
         if tokenizer is None and target is None:
             tokenizer = Tokenizer.load(c.model.tokenizer or c.model.path, self.target.arch.eos_ids)
         self.tokenizer = tokenizer

@@ -255,6 +255,7 @@ class LeanModel(nn.Module):
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", rope_inv_freq(arch), persistent=False)
+        self.compiled = None  # a CompiledStep (modeling/compiled.py) that takes decode / verify steps, or eager
 
     @property
     def device(self) -> torch.device:
@@ -298,6 +299,8 @@ class LeanModel(nn.Module):
         """Append each row's tokens to its slot, attend to the slot's history, return logits (+ hidden)."""
         b, t = tokens.shape
         n_new = n_new if n_new is not None else [t] * b
+        if self.compiled is not None and not last_only and self.compiled.takes(t, cache, slots):
+            return self.compiled(tokens, cache, slots, n_new, hidden_layers)
         starts = cache.lens[slots]  # [B] long (CPU)
         pos = starts[:, None] + torch.arange(t)[None, :]  # [B, T]
         lk = int(starts.max()) + t

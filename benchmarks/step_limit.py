@@ -1,0 +1,157 @@
+"""How close the engine's step is to the weight-streaming limit of this CPU (issue 41, "know the limit").
+
+For each dtype the engine runs on a CPU (fp32, bf16): the limit is the time to read the model's weights once with
+the kernels the engine uses (`F.linear` at one row over every projection and the LM head, in the model's order);
+then the lean model's own forward at one request (plain decode), at 8 requests, and verifying 9 tokens of one
+request, each as a multiple of that limit, all interleaved in one run (ratios, never absolute times: the cores are
+shared). `--compile` adds the same steps through `torch.compile` (dspark_core/modeling/compiled.py).
+
+    python benchmarks/step_limit.py [--threads 2] [--context 256] [--repeats 5] [--json] [--write]
+
+Needs `python cli.py models fetch smollm2-135m`. A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _linears(model) -> list[Any]:  # LeanModel -> its nn.Linear modules in forward order
+    out = []
+    for layer in model.layers:
+        out += [layer.qkv, layer.o, layer.gate_up, layer.down]
+    return [*out, model.lm_head]
+
+
+def timers(model, context: int, compiled) -> dict[str, Any]:
+    """name -> a callable that runs one step (the limit, plain 1 / 8, verify 9) on a prepared cache, eager and,
+    when `compiled` (a CompiledStep) is given, compiled."""
+    import torch
+    import torch.nn.functional as F
+
+    lins = _linears(model)
+    xs = {id(m): torch.randn(1, m.in_features, dtype=model.dtype) for m in lins}
+    cache = model.new_cache(8, context + 64)
+    prompt = torch.randint(0, model.arch.vocab_size, (8, context))
+    model(prompt, cache, list(range(8)))  # every slot holds `context` positions
+
+    def stream() -> None:
+        with torch.inference_mode():
+            for m in lins:
+                F.linear(xs[id(m)], m.weight)
+
+    def step(b: int, t: int, use):
+        tok = torch.randint(0, model.arch.vocab_size, (b, t))
+
+        def run() -> None:
+            model.compiled = use
+            try:
+                model(tok, cache, list(range(b)))
+            finally:
+                model.compiled = None
+            for s in range(b):
+                cache.truncate(s, context)
+        return run
+
+    shapes = {"plain_1": (1, 1), "plain_8": (8, 1), "verify_9": (1, 9)}
+    out = {"limit": stream, **{k: step(b, t, None) for k, (b, t) in shapes.items()}}
+    if compiled is not None:
+        out |= {f"compiled_{k}": step(b, t, compiled) for k, (b, t) in shapes.items()}
+    return out
+
+
+def measure(fns: dict[str, Any], repeats: int) -> dict[str, float]:
+    """Median ms per call of each function, interleaved round by round."""
+    for fn in fns.values():
+        fn()
+    got: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            n, t0 = 0, time.perf_counter()
+            while n < 3 or time.perf_counter() - t0 < 0.3:
+                fn()
+                n += 1
+            got[k].append((time.perf_counter() - t0) / n * 1e3)
+    return {k: statistics.median(v) for k, v in got.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--compile", action="store_true", help="also the compiled step (modeling/compiled.py)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--write", action="store_true", help="the RESULTS.md section")
+    a = ap.parse_args()
+    import torch
+
+    from dspark_core.modeling.checkpoint import checkpoint_folder, load_model
+
+    torch.set_num_threads(a.threads)
+    cap = torch.backends.cpu.get_cpu_capability()
+    folder = checkpoint_folder("smollm2-135m")
+    rows = []
+    for dt in a.dtypes.split(","):
+        model = load_model(folder, "cpu", dt)
+        compiled = None
+        if a.compile:
+            from dspark_core.modeling.compiled import CompiledStep
+
+            compiled = CompiledStep(model)
+        fns = timers(model, a.context, compiled)
+        t0 = time.perf_counter()
+        for fn in fns.values():  # the first call of each compiled shape compiles it (or loads it from disk)
+            fn()
+        print(f"{dt}: first calls took {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        ms = measure(fns, a.repeats)
+        wbytes = sum(m.weight.numel() * m.weight.element_size() for m in _linears(model))
+        rows.append({"dtype": dt, "ms": {k: round(v, 2) for k, v in ms.items()},
+                     "x_limit": {k: round(v / ms["limit"], 2) for k, v in ms.items() if k != "limit"},
+                     "verify9_over_plain1": {p: round(ms[f"{p}verify_9"] / ms[f"{p}plain_1"], 2)
+                                             for p in ("", "compiled_") if f"{p}plain_1" in ms},
+                     "stream_gbs": round(wbytes / ms["limit"] / 1e6, 1)})
+        print(f"{dt}: {rows[-1]}", file=sys.stderr)
+    result = {"capability": cap, "threads": a.threads, "context": a.context, "rows": rows}
+    if a.json:
+        print(json.dumps(result))
+    if a.write:
+        write(result)
+    return 0
+
+
+def write(r: dict[str, Any]) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from results_md import write_section
+
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines = [f"## The engine's step against the weight-streaming limit (issue 41, SmolLM2-135M, {when})", "",
+             f"`python benchmarks/step_limit.py --write` on a CPU with capability **{r['capability']}** "
+             f"({r['threads']} threads, context {r['context']}). Limit = reading every projection's and the LM "
+             "head's weights once with `F.linear` at one row; steps are the lean model's forward, eager and (where "
+             "run with `--compile`) through `torch.compile` (dspark_core/modeling/compiled.py), medians of "
+             "interleaved repeats.", "",
+             "| dtype | step | limit ms | streamed GB/s | plain 1 (x limit) | plain 8 (x limit) | verify 9 (x limit) | "
+             "verify 9 / plain 1 |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for row in r["rows"]:
+        x = row["x_limit"]
+        for p, name in (("", "eager"), ("compiled_", "compiled")):
+            if f"{p}plain_1" in x:
+                lines.append(f"| {row['dtype']} | {name} | {row['ms']['limit']} | {row['stream_gbs']} | "
+                             f"{x[p + 'plain_1']} | {x[p + 'plain_8']} | {x[p + 'verify_9']} | "
+                             f"{row['verify9_over_plain1'][p]} |")
+    write_section("step_limit", "\n".join(lines))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
