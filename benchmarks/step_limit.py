@@ -135,8 +135,9 @@ def write(r: dict[str, Any]) -> None:
     from results_md import write_section
 
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    flag = " --compile" if any("compiled_plain_1" in x["ms"] for x in r["rows"]) else ""
     lines = [f"## The engine's step against the weight-streaming limit (issue 41, SmolLM2-135M, {when})", "",
-             f"`python benchmarks/step_limit.py --write` on a CPU with capability **{r['capability']}** "
+             f"`python benchmarks/step_limit.py{flag} --write` on a CPU with capability **{r['capability']}** "
              f"({r['threads']} threads, context {r['context']}). Limit = reading every projection's and the LM "
              "head's weights once with `F.linear` at one row; steps are the lean model's forward, eager and (where "
              "run with `--compile`) through `torch.compile` (dspark_core/modeling/compiled.py), medians of "
