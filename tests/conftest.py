@@ -13,6 +13,18 @@ from collections.abc import Iterator
 import pytest
 
 PG_URL = os.environ.get("DSPARK_TEST_PG_URL")
+SLOW = os.environ.get("DSPARK_SLOW_CHECKS") == "1"  # benchmarks/slow_checks.sh: the checks kept out of the suite
+
+
+def pytest_collection_modifyitems(config, items) -> None:  # noqa: ARG001 - pytest's hook signature
+    """Tests marked `slow` (a minute or more, covered in part by faster ones) run only from
+    benchmarks/slow_checks.sh, so the README's suite stays within its time."""
+    if SLOW:
+        return
+    skip = pytest.mark.skip(reason="a slow check: bash benchmarks/slow_checks.sh runs it")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

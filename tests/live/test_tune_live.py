@@ -131,6 +131,7 @@ def test_startup_failures_cost_one_trial_each_with_their_reason(state, tmp_path)
     assert not list((state / "servers").glob("*.json"))
 
 
+@pytest.mark.slow  # ~1 min; the suite keeps the unit check (test_reap_orphans_...) and the simulated kill tests
 def test_kill_9_mid_trial_then_resume_leaves_no_server_and_keeps_trials(state, tmp_path):
     db = os.environ["DSPARK_DB"]
     args = ["--engine", "fake", "--study", "killed", "--out", str(tmp_path / "b"),
