@@ -1,10 +1,12 @@
 """How close the engine's step is to the weight-streaming limit of this CPU (issue 41, "know the limit").
 
-For each dtype the engine runs on a CPU (fp32, bf16): the limit is the time to read the model's weights once with
-the kernels the engine uses (`F.linear` at one row over every projection and the LM head, in the model's order);
-then the lean model's own forward at one request (plain decode), at 8 requests, and verifying 9 tokens of one
-request, each as a multiple of that limit, all interleaved in one run (ratios, never absolute times: the cores are
-shared). `--compile` adds the same steps through `torch.compile` (dspark_core/modeling/compiled.py).
+For each dtype the engine runs on a CPU (fp32, bf16) and each linear kernel it has there (`torch`: `nn.Linear`, MKL
+on the plain weight; `onednn`: weights pre-packed by oneDNN, dspark_core/modeling/cpu_linear.py, where this CPU
+packs the dtype): the time to read the model's weights once at one row (every projection and the LM head, in the
+model's order), and the limit is the fastest of those; then the lean model's own forward at one request (plain
+decode), at 8 requests, and verifying 9 tokens of one request, each as a multiple of that limit, all interleaved in
+one run (ratios, never absolute times: the cores are shared). `--compile` adds the same steps through
+`torch.compile` (dspark_core/modeling/compiled.py).
 
     python benchmarks/step_limit.py [--threads 2] [--context 256] [--repeats 5] [--json] [--write]
 
@@ -32,11 +34,10 @@ def _linears(model) -> list[Any]:  # LeanModel -> its nn.Linear modules in forwa
     return [*out, model.lm_head]
 
 
-def timers(model, context: int, compiled) -> dict[str, Any]:
-    """name -> a callable that runs one step (the limit, plain 1 / 8, verify 9) on a prepared cache, eager and,
-    when `compiled` (a CompiledStep) is given, compiled."""
+def timers(model, context: int, compiled, kernel: str) -> dict[str, Any]:
+    """name -> a callable that runs one step (streaming the weights, plain 1 / 8, verify 9) on a prepared cache,
+    eager and, when `compiled` (a CompiledStep) is given, compiled; names are prefixed with `kernel`."""
     import torch
-    import torch.nn.functional as F
 
     lins = _linears(model)
     xs = {id(m): torch.randn(1, m.in_features, dtype=model.dtype) for m in lins}
@@ -47,7 +48,7 @@ def timers(model, context: int, compiled) -> dict[str, Any]:
     def stream() -> None:
         with torch.inference_mode():
             for m in lins:
-                F.linear(xs[id(m)], m.weight)
+                m(xs[id(m)])
 
     def step(b: int, t: int, use):
         tok = torch.randint(0, model.arch.vocab_size, (b, t))
@@ -63,9 +64,9 @@ def timers(model, context: int, compiled) -> dict[str, Any]:
         return run
 
     shapes = {"plain_1": (1, 1), "plain_8": (8, 1), "verify_9": (1, 9)}
-    out = {"limit": stream, **{k: step(b, t, None) for k, (b, t) in shapes.items()}}
+    out = {f"{kernel}_stream": stream, **{f"{kernel}_eager_{k}": step(b, t, None) for k, (b, t) in shapes.items()}}
     if compiled is not None:
-        out |= {f"compiled_{k}": step(b, t, compiled) for k, (b, t) in shapes.items()}
+        out |= {f"{kernel}_compiled_{k}": step(b, t, compiled) for k, (b, t) in shapes.items()}
     return out
 
 
@@ -97,30 +98,44 @@ def main() -> int:
     import torch
 
     from dspark_core.modeling.checkpoint import checkpoint_folder, load_model
+    from dspark_core.modeling.cpu_linear import pack_linears
 
     torch.set_num_threads(a.threads)
     cap = torch.backends.cpu.get_cpu_capability()
     folder = checkpoint_folder("smollm2-135m")
     rows = []
     for dt in a.dtypes.split(","):
-        model = load_model(folder, "cpu", dt)
-        compiled = None
-        if a.compile:
-            from dspark_core.modeling.compiled import CompiledStep
+        fns: dict[str, Any] = {}
+        wbytes = 0
+        for kernel in ("torch", "onednn"):
+            model = load_model(folder, "cpu", dt)
+            wbytes = sum(m.weight.numel() * m.weight.element_size() for m in _linears(model))
+            if kernel == "onednn" and not pack_linears(model):
+                print(f"{dt}: oneDNN does not pack {dt} on this CPU ({cap}); torch kernels only", file=sys.stderr)
+                continue
+            compiled = None
+            if a.compile:
+                from dspark_core.modeling.compiled import CompiledStep
 
-            compiled = CompiledStep(model)
-        fns = timers(model, a.context, compiled)
+                compiled = CompiledStep(model)
+            fns |= timers(model, a.context, compiled, kernel)
         t0 = time.perf_counter()
         for fn in fns.values():  # the first call of each compiled shape compiles it (or loads it from disk)
             fn()
         print(f"{dt}: first calls took {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         ms = measure(fns, a.repeats)
-        wbytes = sum(m.weight.numel() * m.weight.element_size() for m in _linears(model))
-        rows.append({"dtype": dt, "ms": {k: round(v, 2) for k, v in ms.items()},
-                     "x_limit": {k: round(v / ms["limit"], 2) for k, v in ms.items() if k != "limit"},
-                     "verify9_over_plain1": {p: round(ms[f"{p}verify_9"] / ms[f"{p}plain_1"], 2)
-                                             for p in ("", "compiled_") if f"{p}plain_1" in ms},
-                     "stream_gbs": round(wbytes / ms["limit"] / 1e6, 1)})
+        limit = min(v for k, v in ms.items() if k.endswith("_stream"))
+        steps = {}
+        for k in ms:
+            if k.endswith("_plain_1"):
+                p = k[: -len("plain_1")]  # "<kernel>_<eager|compiled>_"
+                steps[p[:-1]] = {"plain_1": round(ms[k] / limit, 2), "plain_8": round(ms[p + "plain_8"] / limit, 2),
+                                 "verify_9": round(ms[p + "verify_9"] / limit, 2),
+                                 "verify9_over_plain1": round(ms[p + "verify_9"] / ms[k], 2)}
+        rows.append({"dtype": dt, "ms": {k: round(v, 2) for k, v in ms.items()}, "limit_ms": round(limit, 2),
+                     "stream_x_limit": {k[: -len("_stream")]: round(v / limit, 2) for k, v in ms.items()
+                                        if k.endswith("_stream")},
+                     "steps_x_limit": steps, "stream_gbs": round(wbytes / limit / 1e6, 1)})
         print(f"{dt}: {rows[-1]}", file=sys.stderr)
     result = {"capability": cap, "threads": a.threads, "context": a.context, "rows": rows}
     if a.json:
@@ -135,22 +150,22 @@ def write(r: dict[str, Any]) -> None:
     from results_md import write_section
 
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    flag = " --compile" if any("compiled_plain_1" in x["ms"] for x in r["rows"]) else ""
+    flag = " --compile" if any("compiled" in k for x in r["rows"] for k in x["steps_x_limit"]) else ""
     lines = [f"## The engine's step against the weight-streaming limit (issue 41, SmolLM2-135M, {when})", "",
              f"`python benchmarks/step_limit.py{flag} --write` on a CPU with capability **{r['capability']}** "
-             f"({r['threads']} threads, context {r['context']}). Limit = reading every projection's and the LM "
-             "head's weights once with `F.linear` at one row; steps are the lean model's forward, eager and (where "
-             "run with `--compile`) through `torch.compile` (dspark_core/modeling/compiled.py), medians of "
-             "interleaved repeats.", "",
-             "| dtype | step | limit ms | streamed GB/s | plain 1 (x limit) | plain 8 (x limit) | verify 9 (x limit) | "
-             "verify 9 / plain 1 |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+             f"({r['threads']} threads, context {r['context']}). Limit = the fastest read of every projection's and "
+             "the LM head's weights once at one row, over the engine's linear kernels (`torch`: `nn.Linear`; "
+             "`onednn`: weights pre-packed by oneDNN, dspark_core/modeling/cpu_linear.py); steps are the lean "
+             "model's forward, eager and (with `--compile`) through `torch.compile`, medians of interleaved "
+             "repeats, as multiples of that limit.", "",
+             "| dtype | kernel | step | limit ms | streamed GB/s | kernel's own read (x limit) | plain 1 | plain 8 | "
+             "verify 9 | verify 9 / plain 1 |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in r["rows"]:
-        x = row["x_limit"]
-        for p, name in (("", "eager"), ("compiled_", "compiled")):
-            if f"{p}plain_1" in x:
-                lines.append(f"| {row['dtype']} | {name} | {row['ms']['limit']} | {row['stream_gbs']} | "
-                             f"{x[p + 'plain_1']} | {x[p + 'plain_8']} | {x[p + 'verify_9']} | "
-                             f"{row['verify9_over_plain1'][p]} |")
+        for name, x in row["steps_x_limit"].items():
+            kernel, mode = name.split("_")
+            lines.append(f"| {row['dtype']} | {kernel} | {mode} | {row['limit_ms']} | {row['stream_gbs']} | "
+                         f"{row['stream_x_limit'][kernel]} | {x['plain_1']} | {x['plain_8']} | {x['verify_9']} | "
+                         f"{x['verify9_over_plain1']} |")
     write_section("step_limit", "\n".join(lines))
 
 

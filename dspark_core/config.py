@@ -96,6 +96,9 @@ class WeightsSection(_Section):
     """Weights (`weights.*`)."""
 
     dtype: Literal["auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4", "nvfp4"] = "auto"  # auto: fp32 CPU
+    # CPU linear kernel: onednn = weights pre-packed by oneDNN (modeling/cpu_linear.py), torch = nn.Linear (MKL);
+    # auto = onednn where this CPU packs the dtype
+    cpu_kernel: Literal["auto", "onednn", "torch"] = "auto"
 
 
 class AttentionSection(_Section):
@@ -120,6 +123,7 @@ class EngineConfig(_Section):
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     seed: int = 0  # global seed (model init, sampling defaults)
     compile: bool = False  # decode / verify steps through torch.compile in shape buckets (modeling/compiled.py)
+    compile_budget_s: float = Field(900.0, ge=0.0)  # seconds of compiling after which new shapes run eager
     model: ModelSection = Field(default_factory=ModelSection)  # target checkpoint
     drafter: DrafterSection = Field(default_factory=DrafterSection)  # draft method and weights
     spec: SpecSection = Field(default_factory=SpecSection)  # speculative decoding (spec.*)

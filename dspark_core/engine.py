@@ -101,10 +101,20 @@ class Engine:
 
         preflight(c, target.arch if target is not None else None, with_drafter=drafter is None)
         self.target = target if target is not None else load_model(c.model.path, c.device, c.weights.dtype)
+        from dspark_core.modeling.cpu_linear import apply_kernel
+
+        try:
+            self.linear_kernel = apply_kernel(self.target, c.weights.cpu_kernel)  # before drafters share the head
+        except ValueError as e:
+            raise DSparkError(f"weights.cpu_kernel onednn: {e}; use auto or torch") from None
         if c.compile:
             from dspark_core.modeling.compiled import CompiledStep
 
-            self.target.compiled = CompiledStep(self.target)
+            sizes = (1, c.spec.block_size + 1) if c.spec.enabled and c.drafter.method != "plain" else (1,)
+            if isinstance(self.target.compiled, CompiledStep):  # a target shared with another engine: one step
+                self.target.compiled.sizes = tuple(sorted({*self.target.compiled.sizes, *sizes}))
+            else:
+                self.target.compiled = CompiledStep(self.target, sizes=sizes, budget_s=c.compile_budget_s)
         if tokenizer is None and target is None:
             tokenizer = Tokenizer.load(c.model.tokenizer or c.model.path, self.target.arch.eos_ids)
         self.tokenizer = tokenizer

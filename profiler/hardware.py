@@ -66,7 +66,10 @@ def _cpu_facts() -> dict[str, Any]:
     except (ValueError, OSError, AttributeError):
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return {"name": name, "vendor": vendor, "cores": cores, "memory_gb": round(mem_gb, 1)}
+    import torch
+
+    return {"name": name, "vendor": vendor, "cores": cores, "memory_gb": round(mem_gb, 1),
+            "capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def detect(measure: bool = True, progress: Progress | None = None) -> HwProfile:
@@ -101,6 +104,7 @@ def local_cpu() -> HwProfile:
     hw.vendor = facts["vendor"]
     hw.memory_gb = facts["memory_gb"]
     hw.num_sms = facts["cores"]
+    hw.cpu_capability = facts["capability"]  # AVX2-only CPUs verify many times slower than AVX512-BF16 ones
     return hw
 
 

@@ -114,6 +114,7 @@ class HwProfile(_Strict):
     interconnect: str | None = None  # nvlink / pcie / xgmi / none
     interconnect_gbs: float | None = None  # per-GPU bidirectional interconnect bandwidth
     measured: Measured | None = None  # microbenchmark ceilings on the local device
+    cpu_capability: str | None = None  # a CPU's torch.backends.cpu.get_cpu_capability() (AVX2, AVX512, ...)
 
 
 class Lengths(_Strict):

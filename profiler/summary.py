@@ -105,6 +105,10 @@ def render_profile(p: Profile, console: Console, profile_id: int | None = None) 
         _kv(t, "arch", f"{hw.arch} (sm {hw.sm}), {hw.num_sms or '-'} SMs/cores, L2 {hw.l2_mb or '-'} MB, "
                        f"{hw.interconnect}")
         _kv(t, "memory", f"{hw.memory_gb:g} GiB at {hw.bandwidth_gbs or '-'} GB/s" if hw.memory_gb else "unknown")
+        if hw.cpu_capability:
+            _kv(t, "CPU capability", f"{hw.cpu_capability} (AVX2 without AVX512-BF16: bf16 verification is "
+                                     "compute-bound, the engine runs fp32 with oneDNN-packed weights)"
+                if hw.cpu_capability == "AVX2" else hw.cpu_capability)
         if pk and pk.bf16:
             _kv(t, "dense peak", f"bf16 {pk.bf16:g}, fp8 {pk.fp8 if pk.fp8 else '-'}, int8 {pk.int8 or '-'} TFLOP/s")
         if hw.measured:

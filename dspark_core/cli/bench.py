@@ -239,6 +239,11 @@ def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> l
     warm = [spec.prompts[0][:32]]
     for m in methods:
         m.run(warm, spec.sampling.model_copy(update={"max_new_tokens": min(8, spec.sampling.max_new_tokens)}))
+        engine = getattr(m, "engine", None)
+        if engine is not None and engine.target.compiled is not None:  # every batch shape compiled before timing
+            line = engine.target.compiled.warm(engine.cache, min(spec.concurrency, engine.config.batch.max_requests))
+            if progress is not None:
+                progress.console.print(f"{m.name}: {line}")
     task = progress.add_task("bench", total=spec.repeats * len(methods)) if progress else None
     for rep in range(spec.repeats):
         order = methods[rep % len(methods) :] + methods[: rep % len(methods)]

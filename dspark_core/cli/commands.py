@@ -91,6 +91,8 @@ def bench_cmd(
     record_acceptance: Annotated[bool, typer.Option("--record-acceptance", help="Write the verify_all DSpark rows' "
                                                     "acceptance beside their committed drafters (acceptance.json, "
                                                     "read by `profile`).")] = False,
+    compile_steps: Annotated[bool | None, typer.Option("--compile/--no-compile", help="Decode / verify steps "
+                                                       "through torch.compile (default: the config's).")] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Compare generation methods on the same prompts: tokens/s, speedup, tau, acceptance, losslessness."""
@@ -110,6 +112,8 @@ def bench_cmd(
     if threads:
         torch.set_num_threads(threads)
     cfg = _config(config, model, dtype)
+    if compile_steps is not None:
+        cfg.compile = compile_steps
     names = [m.strip() for m in methods.split(",") if m.strip()]
     if not names:
         raise DSparkError("--methods is empty; name at least one method, e.g. plain,ar_draft")

@@ -30,6 +30,9 @@ def serve_cmd(
     slo_tpot_ms: Annotated[float | None, typer.Option(min=0.01, help="Adaptive: run at most the batch whose "
                                                       "predicted time per output token meets this.")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="torch CPU threads (default: torch's).")] = None,
+    compile_steps: Annotated[bool | None, typer.Option("--compile/--no-compile", help="Decode / verify steps "
+                                                       "through torch.compile, compiled at start-up (default: the "
+                                                       "config's `compile`).")] = None,
     reconfigurable: Annotated[bool, typer.Option(help="Take POST /admin/spec: the verify-length settings change "
                                                       "between requests without a restart (tune --engine dspark "
                                                       "uses it); needs --api-key.")] = False,
@@ -89,11 +92,18 @@ def serve_cmd(
     if threads:
         torch.set_num_threads(threads)
     cfg = _config(config, model)
+    if compile_steps is not None:
+        cfg.compile = compile_steps
     said = _startup_line(cfg)
     t0 = time.perf_counter()
     engine = Engine(cfg)
     if said:
         typer.echo(f"loaded in {time.perf_counter() - t0:.1f} s", err=True)
+    typer.echo(f"linear kernel: {engine.linear_kernel}", err=True)
+    if engine.target.compiled is not None:
+        typer.echo(f"compiling the decode / verify steps (at most {cfg.compile_budget_s:g} s; cached on disk) ...",
+                   err=True)
+        typer.echo(engine.target.compiled.warm(engine.cache, cfg.batch.max_requests), err=True)
     name = served_name or Path(cfg.model.path).name
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -94,4 +94,10 @@ def build_drafter(config, target: LeanModel) -> ARDrafter:  # noqa: ANN001 - Eng
     if draft.arch.vocab_size != target.arch.vocab_size:
         raise DSparkError(f"draft vocab {draft.arch.vocab_size} != target vocab {target.arch.vocab_size}; "
                           "the draft model must share the target's tokenizer")
+    from dspark_core.modeling.cpu_linear import apply_kernel
+
+    try:
+        apply_kernel(draft, config.weights.cpu_kernel)  # the target's kernel (already checked against this CPU)
+    except ValueError as e:
+        raise DSparkError(f"weights.cpu_kernel onednn: the draft model: {e}; use auto or torch") from None
     return ARDrafter(draft, config.batch.max_requests, config.model.max_seq_len + 32)

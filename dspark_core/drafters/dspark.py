@@ -249,7 +249,7 @@ class DSparkDraftModel(nn.Module):
         for layer, (ck, cv) in zip(self.layers, ctx, strict=True):
             x = layer(x, cos, sin, ck, cv, mask)
         h = self.norm(x if keep is None else x[:, :keep])
-        return BlockOut(base_logits=self.lm_head(h.to(self.lm_head.weight.dtype)).float(), hidden=h)
+        return BlockOut(base_logits=self.lm_head(h.to(self.embed.weight.dtype)).float(), hidden=h)
 
     def forward_blocks(self, anchors: torch.Tensor, anchor_pos: torch.Tensor,
                        ctx: list[tuple[torch.Tensor, torch.Tensor]], ctx_valid: torch.Tensor,

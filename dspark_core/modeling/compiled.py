@@ -4,11 +4,17 @@ Eager PyTorch walks ~15 ops per layer from Python each step; compiled, a step is
 on a CPU, Triton on a GPU) whose pointwise work (norms, RoPE, SiLU, casts) is fused around the GEMMs.
 
 * Shapes come in buckets so a step never retraces: rows B padded to a power of two (padding repeats the last real
-  row, whose KV writes are then identical to its own), tokens per row T padded to a power of two up to
-  `MAX_T` (padding writes past a row's length, which the next real tokens overwrite before anyone reads them,
-  as in the eager model), and the keys read per slot Lk to a power of two from `MIN_LK` (attention masks past
-  each row's position). The KV cache is addressed by tensors (slots, positions), never by Python ints.
+  row, whose KV writes are then identical to its own), tokens per row T padded to the next of the step sizes the
+  engine runs (1 and its verify length, exactly: padding a 9-token verify to 16 costs 16 rows of GEMM; shorter
+  drafts verify in that graph too) or else a power of two up to `MAX_T` (padding writes past a row's length,
+  which the next real tokens overwrite before anyone reads them, as in the eager model). The keys read per
+  slot, Lk (the longest row's length after the step), is the one dynamic dimension: one graph serves every
+  context length, so a growing context never compiles mid-serving (attention masks past each row's position).
+  The KV cache is addressed by tensors (slots, positions), never by Python ints.
+* Rows in consecutive slots read a view of their slots' cache; other batches gather their slots (a copy).
 * Only steps of up to `MAX_T` tokens per row go through it (decode and verify); prefill stays eager.
+* Compiling is bounded: once `budget_s` seconds have gone into first calls, shapes not yet compiled run eager.
+  Inductor caches its code on disk (`TORCHINDUCTOR_CACHE_DIR`), so a restart loads a bucket in about a second.
 * The eager model is the reference: in fp32 a compiled step's greedy tokens equal eager's (tested).
 """
 
@@ -23,7 +29,6 @@ import torch.nn.functional as F
 from dspark_core.modeling.model import ForwardOut, KVCache, LeanModel, apply_rope
 
 MAX_T = 16  # tokens per row a compiled step takes (verify blocks); longer steps (prefill) run eager
-MIN_LK = 128  # the smallest key bucket
 
 
 def bucket(n: int, floor: int = 1) -> int:
@@ -32,16 +37,19 @@ def bucket(n: int, floor: int = 1) -> int:
 
 
 def _core(model: LeanModel, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
-          ks: list[torch.Tensor], vs: list[torch.Tensor], lk: int, hidden_layers: tuple[int, ...]
-          ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """tokens, pos [B, T] long; slots [B] long -> logits [B, T, V] float32, hidden [B, T, W] or None.
+          ks: list[torch.Tensor], vs: list[torch.Tensor], span: torch.Tensor, hidden_layers: tuple[int, ...],
+          view: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """tokens, pos [B, T] long; slots [B] long; span [Lk] = arange(Lk) (dynamic) -> logits [B, T, V] float32,
+    hidden [B, T, W] or None.
 
-    Writes each row's K/V at (slot, pos) and attends over the slot's first `lk` positions, masked past pos."""
+    Writes each row's K/V at (slot, pos) and attends over the slot's first Lk positions, masked past pos. With
+    `view`, ks / vs are the rows' own slots in order (slots = 0..B-1) and are read without a gather."""
     b, t = tokens.shape
+    lk = span.shape[0]
     freqs = pos.float()[..., None] * model.inv_freq  # [B, T, hd/2]
     emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
     cos, sin = emb.cos().to(model.dtype), emb.sin().to(model.dtype)  # [B, T, 1, hd]
-    mask = (torch.arange(lk, device=pos.device)[None, None, :] <= pos[:, :, None])[:, None]  # [B, 1, T, Lk]
+    mask = (span[None, None, :] <= pos[:, :, None])[:, None]  # [B, 1, T, Lk]
     rows = slots[:, None].expand(b, t)
     x = model.embed(tokens)  # [B, T, H]
     caught = []
@@ -55,8 +63,8 @@ def _core(model: LeanModel, tokens: torch.Tensor, pos: torch.Tensor, slots: torc
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         ks[i].index_put_((rows, pos), k.to(ks[i].dtype))
         vs[i].index_put_((rows, pos), v.to(vs[i].dtype))
-        keys = ks[i][slots, :lk].to(q.dtype).transpose(1, 2)  # [B, nkv, Lk, hd]
-        vals = vs[i][slots, :lk].to(q.dtype).transpose(1, 2)
+        keys = (ks[i][:, :lk] if view else ks[i][slots, :lk]).to(q.dtype).transpose(1, 2)  # [B, nkv, Lk, hd]
+        vals = (vs[i][:, :lk] if view else vs[i][slots, :lk]).to(q.dtype).transpose(1, 2)
         attn = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask,
                                               enable_gqa=layer.nkv != layer.nh)
         x = x + layer.o(attn.transpose(1, 2).reshape(b, t, layer.nh * layer.hd))
@@ -73,20 +81,59 @@ class CompiledStep:
     """`model`'s decode / verify forward through torch.compile, with the buckets it has compiled and what it took."""
 
     model: LeanModel
+    sizes: tuple[int, ...] = (1,)  # tokens per row the engine steps with (decode, verify lengths): exact T buckets
+    budget_s: float = float("inf")  # seconds of first calls (compiling) after which unseen shapes run eager
     fn: object = None  # the compiled _core
-    seen: dict[tuple, float] = field(default_factory=dict)  # (B, T, Lk, hidden layers) -> seconds its first call took
+    seen: dict[tuple, float] = field(default_factory=dict)  # (B, T, hidden layers, view) -> first call's seconds
+    refused: int = 0  # steps that ran eager because the budget was spent
 
     def __post_init__(self) -> None:
         import torch._dynamo
 
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
-        self.fn = torch.compile(_core, dynamic=False)
+        torch._dynamo.config.automatic_dynamic_shapes = False  # static buckets; only the marked key span is dynamic
+        self.fn = torch.compile(_core, dynamic=None)
 
-    @staticmethod
-    def takes(t: int, cache: KVCache, slots: list[int]) -> bool:
+    def t_bucket(self, t: int) -> int:
+        """The padded tokens per row of a t-token step: the smallest engine step size >= t (a short n-gram draft
+        verifies in the block's graph: one graph per size, and a few rows more cost little next to the weights),
+        else a power of two."""
+        return min([s for s in self.sizes if t <= s <= MAX_T] or [bucket(t)])
+
+    def takes(self, t: int, cache: KVCache, slots: list[int], hidden_layers: tuple[int, ...] = ()) -> bool:
         """Whether a step of `t` tokens per row goes through the compiled graph: a decode / verify step whose
-        padded tokens still fit every slot."""
-        return t <= MAX_T and int(cache.lens[slots].max()) + bucket(t) <= cache.max_len
+        padded tokens still fit every slot, while the compile budget lasts or its shape is already compiled."""
+        if t > MAX_T or int(cache.lens[slots].max()) + self.t_bucket(t) > cache.max_len:
+            return False
+        if sum(self.seen.values()) < self.budget_s or self._key(t, cache, slots, hidden_layers) in self.seen:
+            return True
+        self.refused += 1
+        return False
+
+    def _key(self, t: int, cache: KVCache, slots: list[int], hidden_layers: tuple[int, ...]) -> tuple:
+        b = len(slots)
+        view = slots == list(range(slots[0], slots[0] + b)) and bucket(b) == b
+        return bucket(b), self.t_bucket(t), hidden_layers, view
+
+    def warm(self, cache: KVCache, max_rows: int) -> str:
+        """Compile (or load from disk) the decode / verify graphs a serving engine meets: rows 1, 2, 4 .. max_rows at
+        each step size, in consecutive slots and in scattered ones, on the empty slots of `cache`, within the
+        budget; a line saying what it took. Each graph serves every context length (dynamic keys)."""
+        t0, done = time.perf_counter(), []
+        rows = [r for r in (1 << i for i in range(max_rows.bit_length())) if r <= max_rows]
+        for t in self.sizes:
+            for b in rows:  # slots in order (a view), then out of order (gathered: after requests finish)
+                for slots in [list(range(b))] + ([list(range(b))[::-1]] if b > 1 else []):
+                    if not self.takes(t, cache, slots):
+                        continue
+                    before = [int(n) for n in cache.lens[slots]]
+                    self(torch.zeros(b, t, dtype=torch.long), cache, slots, [t] * b, ())
+                    for s, n in zip(slots, before, strict=True):
+                        cache.truncate(s, n)
+                    done.append(f"{b}x{t}" + ("" if slots[0] == 0 else " gathered"))
+        took = time.perf_counter() - t0
+        skipped = f"; budget {self.budget_s:g} s spent, {self.refused} shapes left eager" if self.refused else ""
+        return f"compiled {len(done)} step shapes (rows x tokens: {', '.join(done) or 'none'}) in {took:.1f} s{skipped}"
 
     @torch.inference_mode()
     def __call__(self, tokens: torch.Tensor, cache: KVCache, slots: list[int], n_new: list[int],
@@ -94,9 +141,11 @@ class CompiledStep:
         """As LeanModel.forward for a step `takes` accepts: dense [B, T, ...] outputs (rows past n_new hold
         padding), the cache lengths advanced by n_new."""
         b, t = tokens.shape
-        bb, tb = bucket(b), bucket(t)
+        key = self._key(t, cache, slots, hidden_layers)
+        bb, tb, _, view = key
         starts = cache.lens[slots]  # [B]
-        lk = min(bucket(int(starts.max()) + tb, MIN_LK), cache.max_len)
+        span = torch.arange(max(int(starts.max()) + tb, 2), device=self.model.device)  # [Lk]; >= 2: never 0/1
+        torch._dynamo.mark_dynamic(span, 0)
         dev = self.model.device
         tok = torch.zeros(bb, tb, dtype=torch.long)
         tok[:b, :t] = tokens
@@ -105,10 +154,12 @@ class CompiledStep:
         if bb > b:  # padded rows repeat the last real row: identical writes
             tok[b:] = tok[b - 1]
             pos = torch.cat([pos, pos[-1:].expand(bb - b, tb)])
-        key = (bb, tb, lk, hidden_layers)
+        ks, vs = cache.k, cache.v
+        if view:  # the rows' own slots, in order: no gather
+            ks, vs = [k[slots[0]: slots[0] + b] for k in ks], [v[slots[0]: slots[0] + b] for v in vs]
+            idx = torch.arange(bb)
         t0 = time.perf_counter()
-        logits, hidden = self.fn(self.model, tok.to(dev), pos.to(dev), idx.to(dev), cache.k, cache.v, lk,
-                                 hidden_layers)
+        logits, hidden = self.fn(self.model, tok.to(dev), pos.to(dev), idx.to(dev), ks, vs, span, hidden_layers, view)
         if key not in self.seen:
             self.seen[key] = time.perf_counter() - t0
         for r, s in enumerate(slots):

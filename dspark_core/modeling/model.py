@@ -299,7 +299,7 @@ class LeanModel(nn.Module):
         """Append each row's tokens to its slot, attend to the slot's history, return logits (+ hidden)."""
         b, t = tokens.shape
         n_new = n_new if n_new is not None else [t] * b
-        if self.compiled is not None and not last_only and self.compiled.takes(t, cache, slots):
+        if self.compiled is not None and not last_only and self.compiled.takes(t, cache, slots, hidden_layers):
             return self.compiled(tokens, cache, slots, n_new, hidden_layers)
         starts = cache.lens[slots]  # [B] long (CPU)
         pos = starts[:, None] + torch.arange(t)[None, :]  # [B, T]

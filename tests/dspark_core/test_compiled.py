@@ -33,14 +33,14 @@ def test_a_ragged_verify_step_equals_eager_and_pads_nothing_into_other_slots():
     step = torch.randint(0, v, (3, 3))  # 3 rows (padded to 4), 3 tokens (padded to 4), ragged n_new
     slots, n_new = [2, 0, 1], [3, 1, 2]
     want = model(step, eager, slots, n_new)
-    assert CompiledStep.takes(3, comp, slots) and not CompiledStep.takes(MAX_T + 1, comp, slots)
     compiled = CompiledStep(model)
+    assert compiled.takes(3, comp, slots) and not compiled.takes(MAX_T + 1, comp, slots)
     model.compiled = compiled
     try:
         got = model(step, comp, slots, n_new)
     finally:
         model.compiled = None
-    assert list(compiled.seen) == [(4, 4, comp.max_len, ())]  # one bucket: rows, tokens, keys (all 96 < MIN_LK)
+    assert list(compiled.seen) == [(4, 4, (), False)]  # one bucket: rows, tokens (keys are dynamic)
     for r, n in enumerate(n_new):
         assert torch.allclose(got.row_logits(r)[:n], want.row_logits(r)[:n], atol=1e-4, rtol=1e-4)
         assert torch.equal(got.row_logits(r)[:n].argmax(-1), want.row_logits(r)[:n].argmax(-1))
@@ -49,3 +49,68 @@ def test_a_ragged_verify_step_equals_eager_and_pads_nothing_into_other_slots():
         for s, n in enumerate(eager.lens.tolist()):
             assert torch.allclose(comp.k[layer][s, :n], eager.k[layer][s, :n], atol=1e-5)
             assert torch.allclose(comp.v[layer][s, :n], eager.v[layer][s, :n], atol=1e-5)
+
+
+def test_every_verify_pads_to_the_engines_verify_length_and_no_further():
+    model = load_model(ASSETS / "target", "cpu", "fp32")
+    step = CompiledStep(model, sizes=(1, 9))
+    assert [step.t_bucket(t) for t in (1, 2, 5, 9, 10)] == [1, 9, 9, 9, 16]
+
+
+def test_a_spent_compile_budget_runs_new_shapes_eager():
+    model = load_model(ASSETS / "target", "cpu", "fp32")
+    cache = model.new_cache(2, 64)
+    model(torch.randint(0, model.arch.vocab_size, (2, 5)), cache, [0, 1])
+    step = CompiledStep(model, budget_s=0.0)
+    assert not step.takes(1, cache, [0]) and step.refused == 1 and not step.seen
+
+
+def test_packed_weights_in_consecutive_slots_equal_eager_nn_linear():
+    """The oneDNN-packed linears (modeling/cpu_linear.py) under the compiled step, rows in consecutive slots (read
+    as a view, no gather), at an exact verify size: the same logits and keys as the eager nn.Linear model."""
+    from dspark_core.modeling.cpu_linear import PackedLinear, pack_linears, supported
+
+    if not supported(torch.float32):
+        pytest.skip("oneDNN does not pack fp32 weights on this CPU")
+    torch.manual_seed(0)
+    ref = load_model(ASSETS / "target", "cpu", "fp32")
+    model = load_model(ASSETS / "target", "cpu", "fp32")
+    plain_qkv = model.layers[0].qkv.weight.clone()
+    assert pack_linears(model) == 4 * model.arch.num_hidden_layers + 1
+    assert isinstance(model.lm_head, PackedLinear) and torch.equal(model.layers[0].qkv.weight, plain_qkv)
+    v = model.arch.vocab_size
+    prompts = torch.randint(0, v, (2, 12))
+    eager, comp = ref.new_cache(3, 64), model.new_cache(3, 64)
+    prefill = ref(prompts, eager, [1, 2]).logits
+    assert torch.allclose(model(prompts, comp, [1, 2]).logits, prefill, atol=1e-4)  # eager packed == nn.Linear
+    step = torch.randint(0, v, (2, 3))
+    want = ref(step, eager, [1, 2])
+    compiled = CompiledStep(model, sizes=(1, 3))
+    model.compiled = compiled
+    try:
+        got = model(step, comp, [1, 2])
+    finally:
+        model.compiled = None
+    assert list(compiled.seen) == [(2, 3, (), True)]  # exact size 3, slots 1-2 read as a view
+    assert torch.allclose(got.logits, want.logits, atol=1e-4, rtol=1e-4)
+    assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
+    for layer in range(model.arch.num_hidden_layers):
+        assert torch.allclose(comp.k[layer][1:3, :15], eager.k[layer][1:3, :15], atol=1e-5)
+        assert not comp.k[layer][0].any()  # slot 0 untouched
+
+
+def test_warm_compiles_each_row_bucket_once_and_longer_contexts_reuse_the_graph():
+    model = load_model(ASSETS / "target", "cpu", "fp32")
+    cache = model.new_cache(2, 64)
+    compiled = CompiledStep(model)
+    line = compiled.warm(cache, 2)
+    assert line.startswith("compiled 3 step shapes (rows x tokens: 1x1, 2x1, 2x1 gathered)")
+    assert cache.lens.tolist() == [0, 0]
+    model(torch.randint(0, model.arch.vocab_size, (1, 30)), cache, [0])  # a long prompt (eager prefill)
+    model.compiled = compiled
+    try:
+        with torch._dynamo.config.patch(error_on_recompile=True):  # the key span is dynamic: no new graph
+            model(torch.randint(0, model.arch.vocab_size, (1, 1)), cache, [0])
+    finally:
+        model.compiled = None
+    assert cache.lens.tolist() == [31, 0] and len(compiled.seen) == 3
