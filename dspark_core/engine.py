@@ -108,13 +108,10 @@ class Engine:
         except ValueError as e:
             raise DSparkError(f"weights.cpu_kernel onednn: {e}; use auto or torch") from None
         if c.compile:
-            from dspark_core.modeling.compiled import CompiledStep
+            from dspark_core.modeling.compiled import attach
 
-            sizes = (1, c.spec.block_size + 1) if c.spec.enabled and c.drafter.method != "plain" else (1,)
-            if isinstance(self.target.compiled, CompiledStep):  # a target shared with another engine: one step
-                self.target.compiled.sizes = tuple(sorted({*self.target.compiled.sizes, *sizes}))
-            else:
-                self.target.compiled = CompiledStep(self.target, sizes=sizes, budget_s=c.compile_budget_s)
+            spec_on = c.spec.enabled and c.drafter.method != "plain"
+            attach(self.target, (1, c.spec.block_size + 1) if spec_on else (1,), c.compile_budget_s)
         if tokenizer is None and target is None:
             tokenizer = Tokenizer.load(c.model.tokenizer or c.model.path, self.target.arch.eos_ids)
         self.tokenizer = tokenizer

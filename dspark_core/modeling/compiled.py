@@ -165,3 +165,13 @@ class CompiledStep:
         for r, s in enumerate(slots):
             cache.lens[s] = int(starts[r]) + n_new[r]
         return ForwardOut(flat_logits=logits[:b, :t], flat_hidden=None if hidden is None else hidden[:b, :t])
+
+
+def attach(model: LeanModel, sizes: tuple[int, ...], budget_s: float) -> CompiledStep:
+    """Route `model`'s decode / verify steps through a CompiledStep for these step sizes; a model shared by several
+    engines (bench) keeps one step, with the union of their sizes."""
+    if isinstance(model.compiled, CompiledStep):
+        model.compiled.sizes = tuple(sorted({*model.compiled.sizes, *sizes}))
+    else:
+        model.compiled = CompiledStep(model, sizes=sizes, budget_s=budget_s)
+    return model.compiled

@@ -114,3 +114,11 @@ def test_warm_compiles_each_row_bucket_once_and_longer_contexts_reuse_the_graph(
     finally:
         model.compiled = None
     assert cache.lens.tolist() == [31, 0] and len(compiled.seen) == 3
+
+
+def test_engines_sharing_a_target_share_one_compiled_step_with_all_their_sizes():
+    from dspark_core.modeling.compiled import attach
+
+    model = load_model(ASSETS / "target", "cpu", "fp32")
+    first = attach(model, (1,), 10.0)
+    assert attach(model, (1, 9), 99.0) is first and model.compiled is first and first.sizes == (1, 9)
