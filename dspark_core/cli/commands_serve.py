@@ -99,7 +99,6 @@ def serve_cmd(
     engine = Engine(cfg)
     if said:
         typer.echo(f"loaded in {time.perf_counter() - t0:.1f} s", err=True)
-    typer.echo(f"linear kernel: {engine.linear_kernel}", err=True)
     if engine.target.compiled is not None:
         typer.echo(f"compiling the decode / verify steps (at most {cfg.compile_budget_s:g} s; cached on disk) ...",
                    err=True)
@@ -116,7 +115,7 @@ def serve_cmd(
     connections = connection_cap(limit_concurrency, raise_open_files())
 
     def ready() -> None:
-        typer.echo(f"serving {name} ({engine.stats.method}) on {url}", err=True)
+        typer.echo(f"serving {name} ({engine.stats.method}, {engine.linear_kernel} linears) on {url}", err=True)
 
     guard = GuardOptions(max_body_bytes=int(max_body_mb * (1 << 20)), body_timeout_s=timeout_header,
                          api_key=api_key, open_paths=frozenset(f"/{e}" for e in opened), loopback_only=loopback)
