@@ -66,10 +66,7 @@ def _cpu_facts() -> dict[str, Any]:
     except (ValueError, OSError, AttributeError):
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    import torch
-
-    return {"name": name, "vendor": vendor, "cores": cores, "memory_gb": round(mem_gb, 1),
-            "capability": torch.backends.cpu.get_cpu_capability()}
+    return {"name": name, "vendor": vendor, "cores": cores, "memory_gb": round(mem_gb, 1)}
 
 
 def detect(measure: bool = True, progress: Progress | None = None) -> HwProfile:
@@ -91,6 +88,7 @@ def detect(measure: bool = True, progress: Progress | None = None) -> HwProfile:
         device = "cuda"
     else:
         hw, device = local_cpu(), "cpu"
+        hw.cpu_capability = torch.backends.cpu.get_cpu_capability()  # AVX2-only CPUs verify many times slower
     if measure:
         hw.measured = microbenchmarks(device, progress)
     return hw
@@ -104,7 +102,6 @@ def local_cpu() -> HwProfile:
     hw.vendor = facts["vendor"]
     hw.memory_gb = facts["memory_gb"]
     hw.num_sms = facts["cores"]
-    hw.cpu_capability = facts["capability"]  # AVX2-only CPUs verify many times slower than AVX512-BF16 ones
     return hw
 
 

@@ -76,14 +76,16 @@ class PackedLinear(nn.Module):
 
 def apply_kernel(model: nn.Module, choice: str) -> str:
     """The linear kernel `model` runs with for config `weights.cpu_kernel` = `choice` (auto | onednn | torch),
-    packing its weights for onednn; raises ValueError when onednn is asked for where it cannot run."""
+    packing its weights for onednn; one DSparkError line when onednn is asked for where it cannot run."""
     if choice == "torch" or model.device.type != "cpu":
         return "torch"
     if pack_linears(model) or isinstance(model.lm_head, PackedLinear):  # packed now, or by an earlier engine
         return "onednn"
     if choice == "onednn":
-        raise ValueError(f"oneDNN does not pack {str(model.dtype).removeprefix('torch.')} weights on this CPU "
-                         f"({torch.backends.cpu.get_cpu_capability()})")
+        from dspark_core.errors import DSparkError
+
+        raise DSparkError(f"weights.cpu_kernel onednn: oneDNN does not pack {str(model.dtype).removeprefix('torch.')}"
+                          f" weights on this CPU ({torch.backends.cpu.get_cpu_capability()}); use auto or torch")
     return "torch"
 
 

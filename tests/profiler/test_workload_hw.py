@@ -115,6 +115,10 @@ def test_cpu_detection_without_measurement():
     hw = detect(measure=False)
     assert hw.arch in ("cpu", "ampere", "ada", "hopper", "blackwell")
     assert hw.memory_gb and hw.memory_gb > 0 and hw.measured is None
+    if hw.arch == "cpu":  # the capability that decides whether verification pays on this CPU
+        import torch
+
+        assert hw.cpu_capability == torch.backends.cpu.get_cpu_capability()
 
 
 def test_microbenchmarks_report_positive_ceilings():
