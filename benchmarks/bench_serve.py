@@ -104,7 +104,8 @@ def main() -> None:
     lines = [f"Command: `python benchmarks/bench_serve.py --concurrency {a.concurrency} --requests {a.requests} "
              f"--max-tokens {a.max_tokens} --passes {a.passes} --threads {a.threads}"
              f"{' --config ' + str(a.config) if a.config else ''}{' --model ' + a.model if a.model else ''} --write` "
-             f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, this 2-core machine). Engine: "
+             f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, this 2-core machine, CPU capability "
+             f"{torch.backends.cpu.get_cpu_capability()}). Engine: "
              f"{cfg.model.path.split('/')[-1]}, {engine.stats.method} (head {cfg.spec.head}, block "
              f"{cfg.spec.block_size}), greedy, {a.max_tokens} tokens per request (ignore_eos), held-out code prompts.",
              "serve --static runs the engine exactly as generate does (full block every step), so its ratio is the "

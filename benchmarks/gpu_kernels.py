@@ -3,6 +3,9 @@
 eager and torch.compile at realistic shapes (B = 64, gamma = 8, V = 151936, hidden 4096), printed as a
 markdown table headed by the GPU's name.
 
+First (unless `--step-models ""`), the end-to-end engine step against the HBM limit: benchmarks/gpu_step.py
+(issue 41), eager / CUDA graph / torch.compile, for Qwen3-8B and SmolLM2-135M shapes.
+
 Targets (issue 8): verification >= 2x faster than torch eager; RMSNorm >= 80% of the memory bandwidth
 measured here (a device-to-device copy of 1 GiB). Targets are reported, not enforced; the exit code is 1
 only when a kernel disagrees with its reference.
@@ -134,19 +137,19 @@ def run_case(label: str, kernel: str, shape: dict[str, int], target: str | None,
     ref = entry.run_torch(inputs)
     default = kspec.resolve_config(entry.spec, entry.bucket(shape), device)
     try:
-        entry.check(entry.run_triton(inputs, default), ref)
+        entry.check(entry.run_triton(inputs, default), ref, inputs)
         row.correct = True
     except AssertionError as e:
         row.error = str(e).splitlines()[0][:120]
         return row
     fresh = entry.make_inputs(shape, device, 1)  # a second draw: the check is not tuned to one input
-    entry.check(entry.run_triton(fresh, default), entry.run_torch(fresh))
+    entry.check(entry.run_triton(fresh, default), entry.run_torch(fresh), fresh)
     del fresh
     row.triton_ms = bench(lambda: entry.run_triton(inputs, default))
     row.best_ms, row.best_config = row.triton_ms, default
     for cfg in sweep_configs(entry, sweep, seed=len(label)):
         try:
-            entry.check(entry.run_triton(inputs, cfg), ref)
+            entry.check(entry.run_triton(inputs, cfg), ref, inputs)
             ms = bench(lambda cfg=cfg: entry.run_triton(inputs, cfg))
         except Exception as e:  # a point that does not compile / fit on this GPU
             print(f"  {kernel} {cfg}: skipped ({type(e).__name__})", file=sys.stderr)
@@ -236,7 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", default="", help="comma-separated kernel names (default all)")
     ap.add_argument("--out", help="also write the markdown table here")
     ap.add_argument("--json", dest="json_path", help="also write the rows as JSON here")
+    ap.add_argument("--step-models", default="qwen3-8b,smollm2-135m",
+                    help="shapes for the engine step (benchmarks/gpu_step.py) run first; empty to skip")
+    ap.add_argument("--step-budget-s", type=float, default=300.0, help="engine step: start no case after this")
+    ap.add_argument("--budget-s", type=float, default=math.inf, help="start no kernel case after this (whole run)")
     args = ap.parse_args(argv)
+    deadline = time.monotonic() + args.budget_s
     dry = args.dry_run
     if not dry and not torch.cuda.is_available():
         print("error: no CUDA GPU here; run on a GPU machine, or --dry-run for the CPU smoke test",
@@ -254,19 +262,38 @@ def main(argv: list[str] | None = None) -> int:
     header["copy_gbs"] = copy_bandwidth_gbs(device, dry, bench)
     sched = scheduler_row(device, bench)
     rows: list[Row] = []
+    step: dict[str, Any] = {"md": "", "cases": []}
 
     def save() -> str:  # after every case, so a run cut short by a time limit still leaves its rows
-        text = markdown(rows, header, sched)
+        text = step["md"] + markdown(rows, header, sched)
         if args.out:
             write_atomic(args.out, text)
         if args.json_path:
-            write_atomic(args.json_path, json.dumps({"header": header, "scheduler_ms": sched,
+            write_atomic(args.json_path, json.dumps({"header": header, "scheduler_ms": sched, "engine_step": step,
                                                      "rows": [dataclasses.asdict(r) for r in rows]}, indent=2,
                                                     default=str))
         return text
 
+    if args.step_models:
+        import gpu_step
+
+        def save_step(cases: list[Any], hdr: dict[str, Any]) -> None:
+            step.update(md=gpu_step.markdown(cases, hdr) + "\n", cases=[dataclasses.asdict(c) for c in cases],
+                        header=hdr)
+            save()
+
+        models = ["tiny"] if dry else args.step_models.split(",")
+        gpu_step.run(models, device=device, dry=dry, bench=bench, copy_gbs=header["copy_gbs"],
+                     context=64 if dry else 1024, rows=(1, 2) if dry else (1, 8, 64),
+                     compile_rows=(1,) if dry else (1, 8), deadline=time.monotonic() + args.step_budget_s,
+                     save=save_step, header={"gpu": header["gpu"], "torch": header["torch"], "dry_run": dry})
+        if not dry:
+            torch.cuda.empty_cache()
     for label, kernel, shape, tiny, target in CASES:
         if wanted and kernel not in wanted:
+            continue
+        if time.monotonic() > deadline:
+            print(f"{label}: time budget spent, not run", file=sys.stderr)
             continue
         t0 = time.perf_counter()
         rows.append(run_case(label, kernel, tiny if dry else shape, target, device=device, dry=dry, bench=bench,

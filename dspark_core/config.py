@@ -95,7 +95,9 @@ class KVSection(_Section):
 class WeightsSection(_Section):
     """Weights (`weights.*`)."""
 
-    dtype: Literal["auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4", "nvfp4"] = "auto"  # auto: fp32 CPU
+    # auto: fp32 on a CPU, bf16 on a GPU; fastest: on a CPU the dtype whose measured step is quicker
+    # (modeling/dtype_choice.py), resolved before the target loads
+    dtype: Literal["auto", "fastest", "fp32", "bf16", "fp16", "fp8", "int8", "int4", "nvfp4"] = "auto"
     # CPU linear kernel: onednn = weights pre-packed by oneDNN (modeling/cpu_linear.py), torch = nn.Linear (MKL);
     # auto = onednn where this CPU packs the dtype
     cpu_kernel: Literal["auto", "onednn", "torch"] = "auto"

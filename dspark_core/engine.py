@@ -21,6 +21,7 @@ from dspark_core.config import HOT_SPEC, EngineConfig, SpecSection, apply_params
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult, VerifyAll, VerifyScheduler
 from dspark_core.errors import DSparkError, EngineBusy
 from dspark_core.kernels.spec import use_triton
+from dspark_core.modeling.dtype_choice import fastest_dtype
 from dspark_core.stats import GenStats
 from dspark_core.verification.sampling import SamplingParams, sampling_probs
 from dspark_core.verification.verify import greedy_verdicts, verify_greedy, verify_greedy_batch, verify_sampling
@@ -97,6 +98,8 @@ class Engine:
 
         self.config = config or EngineConfig()
         c = self.config
+        if c.weights.dtype == "fastest":  # measured here unless the CLI resolved it first
+            c.weights.dtype = fastest_dtype(c)[0]  # type: ignore[assignment]
         from dspark_core.preflight import preflight  # weights + KV cache + drafter against free memory, first
 
         preflight(c, target.arch if target is not None else None, with_drafter=drafter is None)

@@ -151,7 +151,7 @@ class DoBenchTimer:
         entry = get_entry(kernel)
         inputs, ref = self._prepared(kernel, shape)
         try:
-            entry.check(entry.run_triton(inputs, config), ref)
+            entry.check(entry.run_triton(inputs, config), ref, inputs)
         except AssertionError:
             return math.inf
         except Exception as e:  # compile errors, out of resources: an invalid point of the space

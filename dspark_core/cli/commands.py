@@ -36,6 +36,11 @@ def _config(path: Path | None, model: str | None = None, dtype: str | None = Non
         cfg.model.path = str(checkpoint_folder(model))
     if dtype:
         cfg.weights.dtype = dtype  # type: ignore[assignment]  # checked by the loader
+    if cfg.weights.dtype == "fastest":
+        from dspark_core.modeling.dtype_choice import fastest_dtype
+
+        cfg.weights.dtype, line = fastest_dtype(cfg)  # type: ignore[assignment]
+        typer.echo(line, err=True)
     return cfg
 
 

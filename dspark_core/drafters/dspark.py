@@ -26,7 +26,7 @@ from torch import nn
 
 from dspark_core.drafters.heads import HEADS, ConfidenceHead, SequentialHead
 from dspark_core.modeling.arch import ArchConfig
-from dspark_core.modeling.model import RMSNorm, apply_rope, rope_inv_freq
+from dspark_core.modeling.model import RMSNorm, apply_rope, attend, rope_inv_freq
 from dspark_core.verification.sampling import SamplingParams, sampling_probs
 
 if TYPE_CHECKING:
@@ -149,8 +149,7 @@ class DraftLayer(nn.Module):
         k, v = self.keys_values(h, cos, sin)
         keys = torch.cat([ctx_k, k], dim=1).transpose(1, 2)  # [B, nkv, Lc + Q, hd]
         vals = torch.cat([ctx_v, v], dim=1).transpose(1, 2)
-        attn = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask,
-                                              enable_gqa=self.nkv != self.nh)
+        attn = attend(q.transpose(1, 2), keys, vals, mask)
         x = x + self.o(attn.transpose(1, 2).reshape(b, t, self.nh * self.hd))
         gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)

@@ -215,7 +215,7 @@ def _run_torch(inputs: dict[str, Any]) -> tuple[torch.Tensor, Any]:
     return markov_step(**inputs, return_logits=True, backend="torch")
 
 
-def _check(out: tuple[torch.Tensor, Any], ref: tuple[torch.Tensor, Any]) -> None:
+def _check(out: tuple[torch.Tensor, Any], ref: tuple[torch.Tensor, Any], _inputs: dict[str, Any]) -> None:
     torch.testing.assert_close(out[1].cpu(), ref[1].cpu(), rtol=1e-4, atol=1e-3)
     frac = mismatch_fraction(out[0].cpu(), ref[0].cpu())  # only near-ties may flip
     assert frac <= 0.01, f"markov_head: {frac:.1%} of tokens differ"

@@ -28,7 +28,7 @@ class KernelEntry:
     make_inputs: Callable[[Mapping[str, int], torch.device | str, int], dict[str, Any]]  # shape, device, seed
     run_triton: Callable[[dict[str, Any], Mapping[str, int] | None], Any]  # inputs, config -> outputs
     run_torch: Callable[[dict[str, Any]], Any]  # inputs -> outputs (the reference)
-    check: Callable[[Any, Any], None]  # (triton out, reference out) -> raises AssertionError on mismatch
+    check: Callable[[Any, Any, dict[str, Any]], None]  # (triton out, reference out, inputs) -> AssertionError
     bytes_moved: Callable[[Mapping[str, int]], int]  # minimal DRAM bytes per call (bandwidth figures)
 
 

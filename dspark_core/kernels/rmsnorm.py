@@ -143,7 +143,8 @@ def make_inputs(shape: Mapping[str, int], device: torch.device | str, seed: int,
             "eps": 1e-6}
 
 
-def _check(out: tuple[torch.Tensor, torch.Tensor], ref: tuple[torch.Tensor, torch.Tensor]) -> None:
+def _check(out: tuple[torch.Tensor, torch.Tensor], ref: tuple[torch.Tensor, torch.Tensor],
+           _inputs: dict[str, Any]) -> None:
     for a, b in zip(out, ref, strict=True):  # within a bf16 rounding step (interpreter rounds toward zero)
         torch.testing.assert_close(a.float().cpu(), b.float().cpu(), rtol=1.6e-2, atol=1.6e-2)
 

@@ -88,7 +88,7 @@ def make_inputs(shape: Mapping[str, int], device: torch.device | str, seed: int,
     return {"gate": gu[:, :i], "up": gu[:, i:]}
 
 
-def _check(out: torch.Tensor, ref: torch.Tensor) -> None:
+def _check(out: torch.Tensor, ref: torch.Tensor, _inputs: dict[str, Any]) -> None:
     torch.testing.assert_close(out.float().cpu(), ref.float().cpu(), rtol=1.6e-2, atol=1e-2)
 
 

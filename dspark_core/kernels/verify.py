@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .registry import KernelEntry, mismatch_fraction
+from .registry import KernelEntry
 from .spec import KernelSpec, launch, pow2_ceil, resolve_config, use_triton
 from .verify_split import auto_split, verify_split
 
@@ -333,16 +333,35 @@ def make_inputs(shape: Mapping[str, int], device: torch.device | str, seed: int,
             "u_sample": torch.rand(b, generator=gen).to(device), "greedy": False}
 
 
-def _check_greedy(out: VerifyResult, ref: VerifyResult) -> None:
+def _check_greedy(out: VerifyResult, ref: VerifyResult, _inputs: dict[str, Any]) -> None:
     assert torch.equal(out.accept_len.cpu(), ref.accept_len.cpu()), "greedy accept lengths differ"
     assert torch.equal(out.tokens.cpu(), ref.tokens.cpu()), "greedy tokens differ"
 
 
-def _check_sample(out: VerifyResult, ref: VerifyResult) -> None:
+def _check_sample(out: VerifyResult, ref: VerifyResult, inputs: dict[str, Any]) -> None:
+    """Accept lengths equal; a resampled token may differ from the reference only where the inverse CDF is
+    ambiguous in fp32: the uniform's threshold sits within rounding of the boundary between the two tokens
+    (the kernel sums the running mass block by block, torch's cumsum in another order; over a 152k vocabulary
+    that moves a boundary by ~1e-5 of the mass). Each differing token must hold the threshold in its fp64 CDF
+    interval widened by `tol` of the total mass, and have positive weight."""
     assert torch.equal(out.accept_len.cpu(), ref.accept_len.cpu()), "sampling accept lengths differ"
-    # resampled tokens may differ only where u * total sits within rounding of a CDF boundary
-    frac = mismatch_fraction(out.next_token.cpu(), ref.next_token.cpu())
-    assert frac <= 0.01, f"sampling: {frac:.1%} of resampled tokens differ"
+    bad = (out.next_token.cpu() != ref.next_token.cpu()).nonzero().flatten().tolist()
+    if not bad:
+        return
+    tol = 1e-4
+    p, q = inputs["target"].cpu().double(), inputs["draft_probs"].cpu().double()  # [B, G+1, V], [B, G, V]
+    g, acc = q.shape[1], ref.accept_len.cpu().long()
+    for r in bad:
+        a = int(acc[r])
+        w = p[r, a].clamp_min(0.0)
+        if a < g and (resid := (w - q[r, a]).clamp_min(0.0)).sum() > 0:  # rejected: the residual distribution
+            w = resid
+        cdf = w.cumsum(0)
+        thresh, k = float(inputs["u_sample"][r]) * float(cdf[-1]), int(out.next_token[r])
+        lo = float(cdf[k - 1]) if k > 0 else 0.0
+        ok = w[k] > 0 and lo - tol * float(cdf[-1]) <= thresh <= float(cdf[k]) + tol * float(cdf[-1])
+        assert ok, (f"sampling: request {r} resampled token {k}, but the threshold {thresh:.6g} lies outside its "
+                    f"CDF interval [{lo:.6g}, {float(cdf[k]):.6g}] (reference token {int(ref.next_token[r])})")
 
 
 def _bytes(shape: Mapping[str, int], greedy: bool) -> int:

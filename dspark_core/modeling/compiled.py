@@ -15,20 +15,27 @@ on a CPU, Triton on a GPU) whose pointwise work (norms, RoPE, SiLU, casts) is fu
 * Only steps of up to `MAX_T` tokens per row go through it (decode and verify); prefill stays eager.
 * Compiling is bounded: once `budget_s` seconds have gone into first calls, shapes not yet compiled run eager.
   Inductor caches its code on disk (`TORCHINDUCTOR_CACHE_DIR`), so a restart loads a bucket in about a second.
+* On a GPU each compiled shape is also captured in a CUDA graph and replayed (SGLang's and vLLM's decode): at batch
+  1 the eager engine spends ~10x the HBM limit launching kernels, a captured step ~1.6x (benchmarks/gpu_step.py,
+  H200). A graph bakes in its sizes and addresses, so the key span is padded to a power of two >= `SPAN_FLOOR`
+  (masked like any key past a row's position), and a graph reading consecutive slots is keyed by its first slot.
+  Graphs share one memory pool and write into output buffers shared per shape; the step returns copies.
 * The eager model is the reference: in fp32 a compiled step's greedy tokens equal eager's (tested).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from dspark_core.modeling.model import ForwardOut, KVCache, LeanModel, apply_rope
+from dspark_core.modeling.model import ForwardOut, KVCache, LeanModel, apply_rope, attend
 
 MAX_T = 16  # tokens per row a compiled step takes (verify blocks); longer steps (prefill) run eager
+SPAN_FLOOR = 256  # a CUDA graph's key span: the next power of two >= max(Lk, this), capped by the cache
 
 
 def bucket(n: int, floor: int = 1) -> int:
@@ -65,8 +72,7 @@ def _core(model: LeanModel, tokens: torch.Tensor, pos: torch.Tensor, slots: torc
         vs[i].index_put_((rows, pos), v.to(vs[i].dtype))
         keys = (ks[i][:, :lk] if view else ks[i][slots, :lk]).to(q.dtype).transpose(1, 2)  # [B, nkv, Lk, hd]
         vals = (vs[i][:, :lk] if view else vs[i][slots, :lk]).to(q.dtype).transpose(1, 2)
-        attn = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask,
-                                              enable_gqa=layer.nkv != layer.nh)
+        attn = attend(q.transpose(1, 2), keys, vals, mask)
         x = x + layer.o(attn.transpose(1, 2).reshape(b, t, layer.nh * layer.hd))
         gate, up = layer.gate_up(layer.post_norm(x)).chunk(2, dim=-1)
         x = x + layer.down(F.silu(gate) * up)
@@ -74,6 +80,30 @@ def _core(model: LeanModel, tokens: torch.Tensor, pos: torch.Tensor, slots: torc
             caught.append(x)
     hidden = torch.cat(caught, dim=-1) if caught else None
     return model.lm_head(model.norm(x)).float(), hidden
+
+
+def cuda_capture(run: Callable[[], None], pool: object) -> Callable[[], None]:
+    """`run` warmed on a side stream, then captured in a CUDA graph in `pool`; returns the graph's replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        run()
+    return graph.replay
+
+
+@dataclass
+class _Graph:
+    """One captured step: its static inputs (copied into before each replay) and the graph's replay."""
+
+    replay: Callable[[], None]
+    tok: torch.Tensor  # [Bb, Tb] long
+    pos: torch.Tensor  # [Bb, Tb] long
+    idx: torch.Tensor  # [Bb] long
 
 
 @dataclass
@@ -86,6 +116,11 @@ class CompiledStep:
     fn: object = None  # the compiled _core
     seen: dict[tuple, float] = field(default_factory=dict)  # (B, T, hidden layers, view) -> first call's seconds
     refused: int = 0  # steps that ran eager because the budget was spent
+    graphs: dict[tuple, _Graph] = field(default_factory=dict)  # (key, first slot, span) -> captured step (CUDA)
+    outs: dict[tuple, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)  # key -> out buffers
+    pool: object = None  # the graphs' shared CUDA memory pool
+    use_graphs: bool | None = None  # replay CUDA graphs (default: on a GPU)
+    graph_error: str = ""  # why capturing failed (the step then runs the compiled code uncaptured)
 
     def __post_init__(self) -> None:
         import torch._dynamo
@@ -93,6 +128,8 @@ class CompiledStep:
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
         torch._dynamo.config.automatic_dynamic_shapes = False  # static buckets; only the marked key span is dynamic
         self.fn = torch.compile(_core, dynamic=None)
+        if self.use_graphs is None:
+            self.use_graphs = self.model.device.type == "cuda"
 
     def t_bucket(self, t: int) -> int:
         """The padded tokens per row of a t-token step: the smallest engine step size >= t (a short n-gram draft
@@ -159,12 +196,58 @@ class CompiledStep:
             ks, vs = [k[slots[0]: slots[0] + b] for k in ks], [v[slots[0]: slots[0] + b] for v in vs]
             idx = torch.arange(bb)
         t0 = time.perf_counter()
-        logits, hidden = self.fn(self.model, tok.to(dev), pos.to(dev), idx.to(dev), ks, vs, span, hidden_layers, view)
+        args = (tok.to(dev), pos.to(dev), idx.to(dev))
+        logits = hidden = None
+        if self.use_graphs and not self.graph_error:
+            lk = min(bucket(span.shape[0], SPAN_FLOOR), cache.max_len)
+            try:
+                logits, hidden = self._replay(key, (slots[0] if view else -1, lk), args, ks, vs)
+            except RuntimeError as e:  # a step this GPU cannot capture: run uncaptured from now on (same writes)
+                self.graph_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" if str(e) else repr(e)
+        if logits is None:
+            logits, hidden = self.fn(self.model, *args, ks, vs, span, hidden_layers, view)
         if key not in self.seen:
             self.seen[key] = time.perf_counter() - t0
         for r, s in enumerate(slots):
             cache.lens[s] = int(starts[r]) + n_new[r]
         return ForwardOut(flat_logits=logits[:b, :t], flat_hidden=None if hidden is None else hidden[:b, :t])
+
+    def _replay(self, key: tuple, where: tuple[int, int], args: tuple[torch.Tensor, ...], ks: list[torch.Tensor],
+                vs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the step through the CUDA graph of (key, first slot, span), capturing it on first use; copies of
+        the outputs (the shared buffers are overwritten by the next step of this shape)."""
+        g = self.graphs.get((key, *where))
+        if g is None:
+            g = self._capture(key, where[1], args, ks, vs)
+            self.graphs[(key, *where)] = g
+        else:
+            for buf, a in zip((g.tok, g.pos, g.idx), args, strict=True):
+                buf.copy_(a)
+        g.replay()
+        logits, hidden = self.outs[key]
+        return logits.clone(), None if hidden is None else hidden.clone()
+
+    def _capture(self, key: tuple, lk: int, args: tuple[torch.Tensor, ...], ks: list[torch.Tensor],
+                 vs: list[torch.Tensor]) -> _Graph:
+        """Capture the compiled step over a key span of `lk` on static copies of this step's inputs. The warm-up
+        calls run this very step (same tokens, same positions: the cache writes are the ones it makes anyway)."""
+        _, _, hidden_layers, view = key
+        tok, pos, idx = (a.clone() for a in args)
+        span = torch.arange(lk, device=tok.device)
+        torch._dynamo.mark_dynamic(span, 0)
+
+        def run() -> None:
+            logits, hidden = self.fn(self.model, tok, pos, idx, ks, vs, span, hidden_layers, view)
+            if key not in self.outs:  # first warm-up call: the shape's output buffers (outside any graph)
+                self.outs[key] = (torch.empty_like(logits), None if hidden is None else torch.empty_like(hidden))
+            out_l, out_h = self.outs[key]
+            out_l.copy_(logits)
+            if out_h is not None:
+                out_h.copy_(hidden)
+
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle() if torch.cuda.is_available() else object()
+        return _Graph(cuda_capture(run, self.pool), tok, pos, idx)
 
 
 def attach(model: LeanModel, sizes: tuple[int, ...], budget_s: float) -> CompiledStep:

@@ -74,6 +74,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """q [B, nh, T, hd] over keys / vals [B, nkv, Lk, hd], mask [B, 1, T, Lk] (True = attend) or None -> [B, nh, T, hd].
+
+    Grouped-query attention by folding each KV head's g = nh / nkv query heads into the query length ([B, nkv,
+    g * T, hd], query head h = kv head h // g, as `enable_gqa` maps them): SDPA's CPU kernel with `enable_gqa` costs
+    7x this in bf16 at 8 requests x 1 token and 5x at one (0.26 vs 0.05 ms a layer, SmolLM2-135M; issue 41)."""
+    b, nh, t, hd = q.shape
+    g = nh // keys.shape[1]
+    if g == 1:
+        return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
+    m = None if mask is None else mask.repeat(1, 1, g, 1)  # rows in (query head within group, t) order
+    out = F.scaled_dot_product_attention(q.reshape(b, keys.shape[1], g * t, hd), keys, vals, attn_mask=m)
+    return out.reshape(b, nh, t, hd)
+
+
 @dataclass
 class KVCache:
     """Preallocated per-layer K/V for `slots` requests of up to `max_len` positions each."""
@@ -172,9 +187,7 @@ class DecoderLayer(nn.Module):
             if pack is not None:  # packed queries -> padded [B, T, nh, hd] (pad rows are zeros, discarded)
                 q = q.new_zeros(pack.b * pack.t, self.nh, self.hd).index_copy_(0, pack.index, q)
                 q = q.view(pack.b, pack.t, self.nh, self.hd)
-            attn = F.scaled_dot_product_attention(
-                q.transpose(1, 2), keys, vals, attn_mask=mask, enable_gqa=self.nkv != self.nh
-            )
+            attn = attend(q.transpose(1, 2), keys, vals, mask)
         else:
             attn = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,

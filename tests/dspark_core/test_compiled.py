@@ -122,3 +122,47 @@ def test_engines_sharing_a_target_share_one_compiled_step_with_all_their_sizes()
     model = load_model(ASSETS / "target", "cpu", "fp32")
     first = attach(model, (1,), 10.0)
     assert attach(model, (1, 9), 99.0) is first and model.compiled is first and first.sizes == (1, 9)
+
+
+def test_graph_replay_refreshes_static_inputs_and_pads_the_key_span(monkeypatch):
+    """The GPU path's plumbing, on a CPU: a 'graph' whose replay re-runs the captured closure. Decode steps across the
+    256-key boundary and a verify step, in consecutive and scattered slots, equal eager; one graph per (shape,
+    first slot, padded span), reused while the span bucket lasts."""
+    from dspark_core.modeling import compiled as comp_mod
+
+    def fake_capture(run, pool):  # warm once (as the real one does), replay = the same closure
+        run()
+        return run
+
+    monkeypatch.setattr(comp_mod, "cuda_capture", fake_capture)
+    torch.manual_seed(0)
+    model = load_model(ASSETS / "target", "cpu", "fp32")
+    v = model.arch.vocab_size
+    eager, graph = model.new_cache(4, 600), model.new_cache(4, 600)
+    prompts = torch.randint(0, v, (4, 250))
+    for cache in (eager, graph):
+        model(prompts, cache, [0, 1, 2, 3])
+    step = CompiledStep(model, sizes=(1, 4), use_graphs=True)
+    for i in range(8):  # positions 250..257: the padded span goes 256 -> 512
+        slots = [0, 1] if i % 2 == 0 else [3, 1]
+        tok = torch.randint(0, v, (2, 1))
+        want = model(tok, eager, slots)
+        model.compiled = step
+        try:
+            got = model(tok, graph, slots)
+        finally:
+            model.compiled = None
+        assert torch.allclose(got.logits, want.logits, atol=1e-4, rtol=1e-4), i
+    tok = torch.randint(0, v, (2, 4))
+    want = model(tok, eager, [0, 1], [4, 2])
+    model.compiled = step
+    try:
+        got = model(tok, graph, [0, 1], [4, 2])
+    finally:
+        model.compiled = None
+    for r, n in enumerate([4, 2]):
+        assert torch.allclose(got.row_logits(r)[:n], want.row_logits(r)[:n], atol=1e-4, rtol=1e-4)
+    assert graph.lens.tolist() == eager.lens.tolist()
+    spans = sorted({k[2] for k in step.graphs})
+    assert spans == [256, 512] and not step.graph_error
+    assert len(step.graphs) == 5  # (2x1 from slot 0, 2x1 gathered) x 2 spans + the 2x4 verify

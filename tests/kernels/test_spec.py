@@ -82,5 +82,5 @@ def test_entry_runs_and_checks(name: str) -> None:
     entry = get_entry(name)
     inp = entry.make_inputs(SMALL[name], "cpu", 1)
     cfg = {k: v[0] for k, v in entry.spec.space.items()}  # smallest point of the space
-    entry.check(entry.run_triton(inp, cfg), entry.run_torch(inp))
+    entry.check(entry.run_triton(inp, cfg), entry.run_torch(inp), inp)
     assert entry.bucket(SMALL[name])

@@ -135,7 +135,7 @@ def test_dobench_timer_checks_against_the_reference(monkeypatch) -> None:
     real = registry.get_entry
 
     def broken(name: str) -> registry.KernelEntry:
-        def fail(out, ref) -> None:
+        def fail(out, ref, inputs) -> None:
             raise AssertionError("wrong answer")
         return dataclasses.replace(real(name), check=fail)
 

@@ -73,6 +73,31 @@ def test_sampling_matches_reference(shape: dict[str, int], cfg: dict[str, int]) 
     assert torch.equal(out.tokens, ref.tokens)
 
 
+def test_sampling_check_allows_only_cdf_boundary_flips() -> None:
+    """The benchmark / tuner check: a resampled token may differ from the reference only at an fp32-ambiguous CDF
+    boundary; a token whose interval does not hold the threshold fails."""
+    from dspark_core.kernels.verify import ENTRY_SAMPLE, VerifyResult
+
+    inp = make_inputs({"batch": 4, "gamma": 3, "vocab": 50}, "cpu", seed=3, greedy=False)
+    ref = verify_torch(**inp)
+    a, r = int(ref.accept_len[0]), 0
+    w = inp["target"][r, a].double()
+    if a < 3 and (res := (w - inp["draft_probs"][r, a].double()).clamp_min(0)).sum() > 0:
+        w = res
+    cdf = w.cumsum(0)
+    k = int((w > 0).nonzero()[5])  # put the threshold exactly on token k's lower boundary: k - 1 and k both fit
+    prev = int((w[:k] > 0).nonzero()[-1])
+    inp["u_sample"][r] = float(cdf[k - 1] / cdf[-1])
+    ref = verify_torch(**inp)
+    flipped = ref.next_token.clone()
+    flipped[r] = prev if int(ref.next_token[r]) == k else k
+    ENTRY_SAMPLE.check(VerifyResult(ref.accept_len, flipped, ref.tokens), ref, inp)
+    far = ref.next_token.clone()
+    far[r] = int((w > 0).nonzero()[-1]) if int(ref.next_token[r]) < k + 3 else prev
+    with pytest.raises(AssertionError, match="outside its CDF interval"):
+        ENTRY_SAMPLE.check(VerifyResult(ref.accept_len, far, ref.tokens), ref, inp)
+
+
 def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:
     expected = probs * counts.sum()
     return float(((counts - expected) ** 2 / expected).sum())
