@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from dspark_core.modeling.arch import ArchConfig  # noqa: E402
-from dspark_core.modeling.compiled import CompiledStep, _core  # noqa: E402
+from dspark_core.modeling.compiled import CompiledStep, _core, cuda_capture  # noqa: E402
 from dspark_core.modeling.model import LeanModel, rope_inv_freq  # noqa: E402
 
 SHAPES = json.loads((Path(__file__).with_name("gpu_step_models.json")).read_text())
@@ -88,20 +88,9 @@ def step_bytes(model: LeanModel, rows: int, context: int) -> int:
 
 
 def graphed(run: Callable[[], Any]) -> Callable[[], Any]:
-    """`run` captured in a CUDA graph (after warm-up on a side stream); returns the replay. On a CPU (dry run)
-    `run` itself, so the smoke test still calls the same tensor program."""
-    if not torch.cuda.is_available():
-        return run
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            run()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        run()
-    return g.replay
+    """`run` captured in a CUDA graph as the engine captures its steps (compiled.cuda_capture); returns the replay.
+    On a CPU (dry run) `run` itself, so the smoke test still calls the same tensor program."""
+    return cuda_capture(run, None) if torch.cuda.is_available() else run
 
 
 def measure(model: LeanModel, case: Case, context: int, bench: Callable[[Callable[[], Any]], float],

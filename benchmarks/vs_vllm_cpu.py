@@ -105,16 +105,19 @@ def main() -> int:
             result["rows"] = [x for x in old.get("rows", []) if (x["dtype"], x["concurrency"]) not in now] + rows
             result["rows"].sort(key=lambda x: (x["dtype"] != "fp32", x["concurrency"]))
         path.write_text(json.dumps(result, indent=2) + "\n")
-        write(result, " --compile" if a.compile else "")
+        from results_md import shown_command
+
+        result["command"] = shown_command("benchmarks/vs_vllm_cpu.py")
+        write(result)
     return 0
 
 
-def write(r: dict[str, Any], flag: str) -> None:
+def write(r: dict[str, Any]) -> None:
     sys.path.insert(0, str(HERE))
     from results_md import write_section
 
     lines = [f"## Our engine against vLLM's CPU build on {r['capability']} (issue 41, SmolLM2-135M, {r['when']})", "",
-             f"`python benchmarks/vs_vllm_cpu.py{flag} --write` on a CPU with capability **{r['capability']}** "
+             f"`{r['command']}` on a CPU with capability **{r['capability']}** "
              f"(oneDNN bf16 {'native: AVX512-BF16 / AMX' if r.get('bf16_native') else 'not native'}) "
              f"({r['threads']} threads): {r['limit']} held-out code prompts x {r['max_new_tokens']} new tokens, "
              f"greedy, n-gram block {r['k']} on both sides, each setting ours then vllm-cpu 0.32.0 back to back "
