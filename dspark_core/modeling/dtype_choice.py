@@ -51,6 +51,6 @@ def fastest_dtype(config: EngineConfig, repeats: int = 5) -> tuple[str, str]:
                           "on this CPU; use cpu_kernel auto")
     best = max(speed, key=lambda k: speed[k][0])
     others = ", ".join(f"{k} {v[0]:.1f}" for k, v in speed.items() if k != best) or "no other dtype runs"
-    return best, (f"weights.dtype fastest: {best} (a {t}-token step at {speed[best][0]:.1f} steps/s with "
+    return best, (f"weights.dtype fastest: {best} ({speed[best][0]:.1f} steps/s of {t} tokens with "
                   f"{speed[best][1]} linears; {others}; measured on this {torch.backends.cpu.get_cpu_capability()} "
                   "CPU)")

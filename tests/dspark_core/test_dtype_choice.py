@@ -30,7 +30,7 @@ def test_the_measured_faster_dtype_wins_at_the_verify_length(monkeypatch, faster
     cfg.spec.block_size = 4
     best, line = dtype_choice.fastest_dtype(cfg)
     assert best == faster and seen == [("fp32", 5), ("bf16", 5)]  # probed at the 5-token verify step
-    assert line.startswith(f"weights.dtype fastest: {faster} (a 5-token step at 5.0 steps/s") and "measured" in line
+    assert line.startswith(f"weights.dtype fastest: {faster} (5.0 steps/s of 5 tokens") and "measured" in line
 
 
 def test_plain_decoding_is_measured_at_one_token_and_a_gpu_is_bf16_unmeasured(monkeypatch) -> None:
