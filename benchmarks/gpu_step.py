@@ -37,8 +37,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
+from step_limit import linears  # noqa: E402
 
 from dspark_core.modeling.arch import ArchConfig  # noqa: E402
 from dspark_core.modeling.compiled import CompiledStep, _core, cuda_capture  # noqa: E402
@@ -72,11 +74,6 @@ def build(name: str, dtype: torch.dtype, device: str) -> LeanModel:
         torch.set_default_dtype(old)
     model.inv_freq = rope_inv_freq(arch).to(device)
     return model.eval()
-
-
-def linears(model: LeanModel) -> list[torch.nn.Linear]:
-    out = [m for layer in model.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-    return [*out, model.lm_head]
 
 
 def step_bytes(model: LeanModel, rows: int, context: int) -> int:

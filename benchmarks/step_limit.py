@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def _linears(model) -> list[Any]:  # LeanModel -> its nn.Linear modules in forward order
+def linears(model) -> list[Any]:  # LeanModel -> its nn.Linear modules in forward order (gpu_step.py too)
     out = []
     for layer in model.layers:
         out += [layer.qkv, layer.o, layer.gate_up, layer.down]
@@ -39,7 +39,7 @@ def timers(model, context: int, compiled, kernel: str) -> dict[str, Any]:
     eager and, when `compiled` (a CompiledStep) is given, compiled; names are prefixed with `kernel`."""
     import torch
 
-    lins = _linears(model)
+    lins = linears(model)
     xs = {id(m): torch.randn(1, m.in_features, dtype=model.dtype) for m in lins}
     cache = model.new_cache(8, context + 64)
     prompt = torch.randint(0, model.arch.vocab_size, (8, context))
@@ -109,7 +109,7 @@ def main() -> int:
         wbytes = 0
         for kernel in ("torch", "onednn"):
             model = load_model(folder, "cpu", dt)
-            wbytes = sum(m.weight.numel() * m.weight.element_size() for m in _linears(model))
+            wbytes = sum(m.weight.numel() * m.weight.element_size() for m in linears(model))
             if kernel == "onednn" and not pack_linears(model):
                 print(f"{dt}: oneDNN does not pack {dt} on this CPU ({cap}); torch kernels only", file=sys.stderr)
                 continue

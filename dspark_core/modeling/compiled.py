@@ -82,6 +82,13 @@ def _core(model: LeanModel, tokens: torch.Tensor, pos: torch.Tensor, slots: torc
     return model.lm_head(model.norm(x)).float(), hidden
 
 
+def _span(lk: int, device: torch.device) -> torch.Tensor:
+    """[Lk] = arange(lk), its length the compiled graph's one dynamic dimension."""
+    span = torch.arange(lk, device=device)
+    torch._dynamo.mark_dynamic(span, 0)
+    return span
+
+
 def cuda_capture(run: Callable[[], None], pool: object) -> Callable[[], None]:
     """`run` warmed on a side stream, then captured in a CUDA graph in `pool`; returns the graph's replay."""
     side = torch.cuda.Stream()
@@ -181,8 +188,7 @@ class CompiledStep:
         key = self._key(t, cache, slots, hidden_layers)
         bb, tb, _, view = key
         starts = cache.lens[slots]  # [B]
-        span = torch.arange(max(int(starts.max()) + tb, 2), device=self.model.device)  # [Lk]; >= 2: never 0/1
-        torch._dynamo.mark_dynamic(span, 0)
+        lk = max(int(starts.max()) + tb, 2)  # keys read per slot; >= 2: a dynamic size is never 0/1
         dev = self.model.device
         tok = torch.zeros(bb, tb, dtype=torch.long)
         tok[:b, :t] = tokens
@@ -199,13 +205,13 @@ class CompiledStep:
         args = (tok.to(dev), pos.to(dev), idx.to(dev))
         logits = hidden = None
         if self.use_graphs and not self.graph_error:
-            lk = min(bucket(span.shape[0], SPAN_FLOOR), cache.max_len)
             try:
-                logits, hidden = self._replay(key, (slots[0] if view else -1, lk), args, ks, vs)
+                where = (slots[0] if view else -1, min(bucket(lk, SPAN_FLOOR), cache.max_len))  # padded span
+                logits, hidden = self._replay(key, where, args, ks, vs)
             except RuntimeError as e:  # a step this GPU cannot capture: run uncaptured from now on (same writes)
                 self.graph_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" if str(e) else repr(e)
         if logits is None:
-            logits, hidden = self.fn(self.model, *args, ks, vs, span, hidden_layers, view)
+            logits, hidden = self.fn(self.model, *args, ks, vs, _span(lk, dev), hidden_layers, view)
         if key not in self.seen:
             self.seen[key] = time.perf_counter() - t0
         for r, s in enumerate(slots):
@@ -233,8 +239,7 @@ class CompiledStep:
         calls run this very step (same tokens, same positions: the cache writes are the ones it makes anyway)."""
         _, _, hidden_layers, view = key
         tok, pos, idx = (a.clone() for a in args)
-        span = torch.arange(lk, device=tok.device)
-        torch._dynamo.mark_dynamic(span, 0)
+        span = _span(lk, tok.device)
 
         def run() -> None:
             logits, hidden = self.fn(self.model, tok, pos, idx, ks, vs, span, hidden_layers, view)
