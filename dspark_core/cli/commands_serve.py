@@ -57,6 +57,7 @@ def serve_cmd(
     import signal
     import socket
     import time
+    from concurrent.futures import ThreadPoolExecutor
 
     import torch
     import uvicorn
@@ -91,18 +92,20 @@ def serve_cmd(
                    "pass --api-key or DSPARK_API_KEY", err=True)
     if threads:
         torch.set_num_threads(threads)
-    cfg = _config(config, model)
+    worker = ThreadPoolExecutor(1, thread_name_prefix="dspark-engine")  # every torch call: one thread (driver.py)
+    cfg = worker.submit(_config, config, model).result()  # weights.dtype fastest times the target
     if compile_steps is not None:
         cfg.compile = compile_steps
     said = _startup_line(cfg)
     t0 = time.perf_counter()
-    engine = Engine(cfg)
+    engine = worker.submit(Engine, cfg).result()
     if said:
         typer.echo(f"loaded in {time.perf_counter() - t0:.1f} s", err=True)
     if engine.target.compiled is not None:
         typer.echo(f"compiling the decode / verify steps (at most {cfg.compile_budget_s:g} s; cached on disk) ...",
                    err=True)
-        typer.echo(engine.target.compiled.warm(engine.cache, cfg.batch.max_requests), err=True)
+        typer.echo(worker.submit(engine.target.compiled.warm, engine.cache, cfg.batch.max_requests).result(),
+                   err=True)
     name = served_name or Path(cfg.model.path).name
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -122,7 +125,7 @@ def serve_cmd(
     app = build_app(engine, ServeOptions(model_name=name, max_waiting=max_waiting, on_ready=ready, adaptive=adaptive,
                                          ttft_slo_s=slo_ttft_ms / 1e3 if slo_ttft_ms else None,
                                          tpot_slo_s=slo_tpot_ms / 1e3 if slo_tpot_ms else None,
-                                         reconfigurable=reconfigurable, guard=guard, grace_s=grace))
+                                         reconfigurable=reconfigurable, guard=guard, grace_s=grace, worker=worker))
     server = DrainingServer(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
                                            limit_concurrency=connections, timeout_keep_alive=timeout_keep_alive,
                                            backlog=ACCEPT_BURST,

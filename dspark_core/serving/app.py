@@ -18,6 +18,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,7 @@ class ServeOptions:
     guard: GuardOptions | None = None  # API key, Host / Origin checks, body cap (None: the defaults, no key)
     chars_per_token: int = 32  # a text prompt longer than this x max_seq_len characters is refused untokenised
     grace_s: float = 30.0  # at shutdown, how long in-flight requests get before they are ended with an error
+    worker: ThreadPoolExecutor | None = None  # the one thread that built the engine: its loop runs there (driver.py)
 
 
 class ApiError(Exception):
@@ -106,10 +108,11 @@ def build_app(engine: Engine, options: ServeOptions) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        batcher = await asyncio.to_thread(make_batcher, engine, options)
+        loop = asyncio.get_running_loop()
+        batcher = await loop.run_in_executor(options.worker, make_batcher, engine, options)  # may profile: torch
         state["batcher"] = batcher
         await asyncio.to_thread(renderer.start)
-        driver = Driver(engine, asyncio.get_running_loop(), metrics, batcher)
+        driver = Driver(engine, loop, metrics, batcher, options.worker)
         driver.start()
         state["driver"] = driver
         if options.on_ready:

@@ -6,7 +6,13 @@ stop strings) and hands them to the event loop. Only this thread touches the eng
 
 A step that raises fails only the requests it held (each gets an error naming itself: a 500, or an error event on
 its stream) and the loop goes on with the queue, so one bad request cannot stop the server for the others; /health
-turns 503 only after FAILING_STEPS steps in a row failed (the engine itself is broken)."""
+turns 503 only after FAILING_STEPS steps in a row failed (the engine itself is broken).
+
+The loop runs on `worker`, a one-thread executor; `serve` builds and warms the engine on that same thread, so every
+torch call of the process runs on one thread. With libgomp (torch's OpenMP on Linux) each thread that runs a
+parallel op keeps its own team of worker threads, and once the teams together outnumber the cores, idle workers
+stop spinning and each parallel op waits for a futex wake-up: SmolLM2-135M's bf16 step at 8 requests took 1.3-1.4x
+as long on a second thread as on the thread that loaded the model (2 threads, AVX512, 2026-12-04)."""
 
 from __future__ import annotations
 
@@ -58,26 +64,28 @@ class Driver:
     """Owns the engine thread; `submit` / `abort` / `stop` are safe to call from the event loop."""
 
     def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop, metrics: Metrics | None = None,
-                 batcher: Batcher | None = None) -> None:
+                 batcher: Batcher | None = None, worker: concurrent.futures.ThreadPoolExecutor | None = None) -> None:
         self.engine, self.loop, self.metrics, self.batcher = engine, loop, metrics, batcher
+        self._own_worker = worker is None  # made here (the engine was built elsewhere): shut down at stop
+        self._worker = worker or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dspark-engine")
+        self._loop_done: concurrent.futures.Future | None = None  # the engine loop, once started
         self._seen: tuple[list[int], list[int]] = ([], [])  # engine.stats per-position counts at the last step
         self._steps, self._verified = 0, 0  # engine.stats steps and verify tokens at the last step
         self._inbox: queue.Queue[tuple[str, object]] = queue.Queue()
         self._streams: dict[str, _Stream] = {}
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dspark-engine", daemon=True)
         self.error: str | None = None  # set while the engine is broken (FAILING_STEPS failed steps in a row)
         self._failed_steps = 0  # consecutive steps that raised
         self.failed_requests = 0  # requests ended by a failed step
         self._dead = False  # the loop has ended: new requests are answered at once
 
     def start(self) -> None:
-        self._thread.start()
+        self._loop_done = self._worker.submit(self._run)
 
     @property
     def running(self) -> bool:
-        """Whether the engine thread is alive (it ends only at stop or when the engine is unusable)."""
-        return self._thread.is_alive()
+        """Whether the engine loop runs (it ends only at stop or when the engine is unusable)."""
+        return self._loop_done is not None and not self._loop_done.done()
 
     def submit(self, rid: str, ids: list[int], sp: SamplingParams, stops: list[str]) -> asyncio.Queue[Chunk]:
         out: asyncio.Queue[Chunk] = asyncio.Queue()
@@ -105,7 +113,10 @@ class Driver:
         """Finish what is in flight, then end the thread."""
         self._stopping.set()
         self._inbox.put(("wake", None))
-        self._thread.join(timeout)
+        if self._loop_done is not None:
+            concurrent.futures.wait([self._loop_done], timeout)
+        if self._own_worker:
+            self._worker.shutdown(wait=False)
 
     # -- the engine thread -------------------------------------------------------------------------
     def _run(self) -> None:
