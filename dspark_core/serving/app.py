@@ -55,7 +55,7 @@ class ServeOptions:
     guard: GuardOptions | None = None  # API key, Host / Origin checks, body cap (None: the defaults, no key)
     chars_per_token: int = 32  # a text prompt longer than this x max_seq_len characters is refused untokenised
     grace_s: float = 30.0  # at shutdown, how long in-flight requests get before they are ended with an error
-    worker: ThreadPoolExecutor | None = None  # the one thread that built the engine: its loop runs there (driver.py)
+    worker: ThreadPoolExecutor | None = None  # the thread that built the engine: its loop runs there (None: a new one)
 
 
 class ApiError(Exception):
@@ -109,10 +109,11 @@ def build_app(engine: Engine, options: ServeOptions) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
-        batcher = await loop.run_in_executor(options.worker, make_batcher, engine, options)  # may profile: torch
+        worker = options.worker or ThreadPoolExecutor(1, thread_name_prefix="dspark-engine")
+        batcher = await loop.run_in_executor(worker, make_batcher, engine, options)  # may profile: torch, its thread
         state["batcher"] = batcher
         await asyncio.to_thread(renderer.start)
-        driver = Driver(engine, loop, metrics, batcher, options.worker)
+        driver = Driver(engine, loop, worker, metrics, batcher)
         driver.start()
         state["driver"] = driver
         if options.on_ready:
@@ -120,6 +121,8 @@ def build_app(engine: Engine, options: ServeOptions) -> FastAPI:
         yield
         await drain(0.0)  # what the server's own drain left (none after a SIGTERM); a no-op when idle
         await asyncio.to_thread(driver.stop)
+        if options.worker is None:  # made here for an engine built on another thread
+            worker.shutdown(wait=False)
         await asyncio.to_thread(renderer.close)
 
     async def drain(grace_s: float | None = None) -> int:

@@ -61,13 +61,12 @@ class _Stream:
 
 
 class Driver:
-    """Owns the engine thread; `submit` / `abort` / `stop` are safe to call from the event loop."""
+    """Runs the engine loop on `worker`; `submit` / `abort` / `stop` are safe to call from the event loop."""
 
-    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop, metrics: Metrics | None = None,
-                 batcher: Batcher | None = None, worker: concurrent.futures.ThreadPoolExecutor | None = None) -> None:
+    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop, worker: concurrent.futures.ThreadPoolExecutor,
+                 metrics: Metrics | None = None, batcher: Batcher | None = None) -> None:
         self.engine, self.loop, self.metrics, self.batcher = engine, loop, metrics, batcher
-        self._own_worker = worker is None  # made here (the engine was built elsewhere): shut down at stop
-        self._worker = worker or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dspark-engine")
+        self._worker = worker  # the one-thread executor the loop runs on (its owner shuts it down)
         self._loop_done: concurrent.futures.Future | None = None  # the engine loop, once started
         self._seen: tuple[list[int], list[int]] = ([], [])  # engine.stats per-position counts at the last step
         self._steps, self._verified = 0, 0  # engine.stats steps and verify tokens at the last step
@@ -115,8 +114,6 @@ class Driver:
         self._inbox.put(("wake", None))
         if self._loop_done is not None:
             concurrent.futures.wait([self._loop_done], timeout)
-        if self._own_worker:
-            self._worker.shutdown(wait=False)
 
     # -- the engine thread -------------------------------------------------------------------------
     def _run(self) -> None:

@@ -28,7 +28,7 @@ def test_the_engine_loop_runs_on_the_thread_that_built_the_engine() -> None:
     engine.step = spy  # type: ignore[method-assign]
 
     async def serve_one() -> list[Chunk]:
-        driver = Driver(engine, asyncio.get_running_loop(), worker=worker)
+        driver = Driver(engine, asyncio.get_running_loop(), worker)
         driver.start()
         assert driver.running
         out = driver.submit("r0", [1, 2, 3], SamplingParams(max_new_tokens=4, ignore_eos=True), [])
@@ -42,5 +42,5 @@ def test_the_engine_loop_runs_on_the_thread_that_built_the_engine() -> None:
     chunks = asyncio.run(serve_one())
     assert chunks[-1].finish_reason == "length" and chunks[-1].tokens == 4
     assert stepped_on == {built_on}
-    assert worker.submit(lambda: 1).result() == 1  # the caller's executor is left running for the caller
+    assert worker.submit(lambda: 1).result() == 1  # the executor stays its owner's to shut down
     worker.shutdown()
