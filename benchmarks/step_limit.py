@@ -176,4 +176,6 @@ def write(r: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from dspark_core.pystack import on_deep_stack  # timing loops free of data-stack chunk churn (pystack.py)
+
+    raise SystemExit(on_deep_stack(main))

@@ -49,10 +49,12 @@ def child(where: str, threads: int, rows: int) -> float:
             if i >= 3:
                 out.append(time.perf_counter() - t0)
 
+    from dspark_core.pystack import on_deep_stack  # both threads: no data-stack chunk churn per step
+
     if where == "main":
-        steps()
+        on_deep_stack(steps)
     else:
-        t = threading.Thread(target=steps)
+        t = threading.Thread(target=on_deep_stack, args=(steps,))
         t.start()
         t.join()
     return statistics.median(out)

@@ -22,6 +22,7 @@ from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResu
 from dspark_core.errors import DSparkError, EngineBusy
 from dspark_core.kernels.spec import use_triton
 from dspark_core.modeling.dtype_choice import fastest_dtype
+from dspark_core.pystack import on_deep_stack
 from dspark_core.stats import GenStats
 from dspark_core.verification.sampling import SamplingParams, sampling_probs
 from dspark_core.verification.verify import greedy_verdicts, verify_greedy, verify_greedy_batch, verify_sampling
@@ -260,6 +261,16 @@ class Engine:
             for rid in list(self._ids):
                 self.abort(rid)
             raise
+        done: dict[str, Output] = on_deep_stack(self._drain, t0, time_limit_s)
+        self._sync()
+        stats = self.reset_stats()
+        stats.requests = len(rids)
+        stats.seconds = time.perf_counter() - t0
+        return Generation(outputs=[done[r] for r in rids if r in done], stats=stats)
+
+    def _drain(self, t0: float, time_limit_s: float | None) -> dict[str, Output]:
+        """Step until no request is left (or the time limit); the finished outputs by request id. Runs on a
+        data-stack chunk of its own (dspark_core/pystack.py), so no step maps or unmaps one."""
         done: dict[str, Output] = {}
         while self.has_work():
             if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
@@ -274,11 +285,7 @@ class Engine:
             for u in self.step():
                 if u.output is not None:
                     done[u.request_id] = u.output
-        self._sync()
-        stats = self.reset_stats()
-        stats.requests = len(rids)
-        stats.seconds = time.perf_counter() - t0
-        return Generation(outputs=[done[r] for r in rids if r in done], stats=stats)
+        return done
 
     # -- internals --------------------------------------------------------------------------------
     def _sync(self) -> None:

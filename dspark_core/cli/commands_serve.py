@@ -64,6 +64,7 @@ def serve_cmd(
 
     from dspark_core.cli.commands import _config
     from dspark_core.engine import Engine
+    from dspark_core.pystack import on_deep_stack
     from dspark_core.serving.app import ServeOptions, build_app
     from dspark_core.serving.guard import GuardOptions, is_loopback
     from dspark_core.serving.server import (
@@ -93,18 +94,19 @@ def serve_cmd(
     if threads:
         torch.set_num_threads(threads)
     worker = ThreadPoolExecutor(1, thread_name_prefix="dspark-engine")  # every torch call: one thread (driver.py)
-    cfg = worker.submit(_config, config, model).result()  # weights.dtype fastest times the target
+    cfg = worker.submit(on_deep_stack, _config, config, model).result()  # weights.dtype fastest times the target
     if compile_steps is not None:
         cfg.compile = compile_steps
     said = _startup_line(cfg)
     t0 = time.perf_counter()
-    engine = worker.submit(Engine, cfg).result()
+    engine = worker.submit(on_deep_stack, Engine, cfg).result()
     if said:
         typer.echo(f"loaded in {time.perf_counter() - t0:.1f} s", err=True)
     if engine.target.compiled is not None:
         typer.echo(f"compiling the decode / verify steps (at most {cfg.compile_budget_s:g} s; cached on disk) ...",
                    err=True)
-        typer.echo(worker.submit(engine.target.compiled.warm, engine.cache, cfg.batch.max_requests).result(),
+        typer.echo(worker.submit(on_deep_stack, engine.target.compiled.warm, engine.cache,
+                                          cfg.batch.max_requests).result(),
                    err=True)
     name = served_name or Path(cfg.model.path).name
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)

@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dspark_core.errors import DSparkError, EngineBusy
+from dspark_core.pystack import on_deep_stack
 from dspark_core.serving.batcher import Batcher
 from dspark_core.serving.chat import TemplateFailed, TemplateRenderer
 from dspark_core.serving.driver import Chunk, Driver
@@ -110,7 +111,8 @@ def build_app(engine: Engine, options: ServeOptions) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
         worker = options.worker or ThreadPoolExecutor(1, thread_name_prefix="dspark-engine")
-        batcher = await loop.run_in_executor(worker, make_batcher, engine, options)  # may profile: torch, its thread
+        # may profile: torch, on its thread
+        batcher = await loop.run_in_executor(worker, on_deep_stack, make_batcher, engine, options)
         state["batcher"] = batcher
         await asyncio.to_thread(renderer.start)
         driver = Driver(engine, loop, worker, metrics, batcher)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dspark_core.errors import DSparkError
+from dspark_core.pystack import on_deep_stack
 
 log = logging.getLogger("dspark.serve")
 FAILING_STEPS = 3  # consecutive failed steps after which the engine reports itself unhealthy
@@ -79,7 +80,7 @@ class Driver:
         self._dead = False  # the loop has ended: new requests are answered at once
 
     def start(self) -> None:
-        self._loop_done = self._worker.submit(self._run)
+        self._loop_done = self._worker.submit(on_deep_stack, self._run)  # no data-stack chunk churn per step
 
     @property
     def running(self) -> bool:
