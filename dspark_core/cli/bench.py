@@ -241,7 +241,9 @@ def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> l
         m.run(warm, spec.sampling.model_copy(update={"max_new_tokens": min(8, spec.sampling.max_new_tokens)}))
         engine = getattr(m, "engine", None)
         if engine is not None and engine.target.compiled is not None:  # every batch shape compiled before timing
-            line = engine.target.compiled.warm(engine.cache, min(spec.concurrency, engine.config.batch.max_requests))
+            rows_max = min(spec.concurrency, engine.config.batch.max_requests)
+            layers = engine.drafter.hidden_layers if engine.drafter is not None else ()
+            line = engine.target.compiled.warm(engine.cache, rows_max, layers)
             if progress is not None:
                 progress.console.print(f"{m.name}: {line}")
     task = progress.add_task("bench", total=spec.repeats * len(methods)) if progress else None

@@ -159,25 +159,28 @@ class CompiledStep:
         view = slots == list(range(slots[0], slots[0] + b)) and bucket(b) == b
         return bucket(b), self.t_bucket(t), hidden_layers, view
 
-    def warm(self, cache: KVCache, max_rows: int) -> str:
+    def warm(self, cache: KVCache, max_rows: int, hidden_layers: tuple[int, ...] = ()) -> str:
         """Compile (or load from disk) the decode / verify graphs a serving engine meets: rows 1, 2, 4 .. max_rows at
         each step size, in consecutive slots and in scattered ones, on the empty slots of `cache`, within the
-        budget; a line saying what it took. Each graph serves every context length (dynamic keys)."""
+        budget; a line saying what it took. Each graph serves every context length (dynamic keys). `hidden_layers`:
+        the target layers the engine's drafter reads (a graph that also returns them is another graph)."""
         t0, done = time.perf_counter(), []
         rows = [r for r in (1 << i for i in range(max_rows.bit_length())) if r <= max_rows]
         for t in self.sizes:
             for b in rows:  # slots in order (a view), then out of order (gathered: after requests finish)
                 for slots in [list(range(b))] + ([list(range(b))[::-1]] if b > 1 else []):
-                    if not self.takes(t, cache, slots):
+                    if not self.takes(t, cache, slots, hidden_layers):
                         continue
                     before = [int(n) for n in cache.lens[slots]]
-                    self(torch.zeros(b, t, dtype=torch.long), cache, slots, [t] * b, ())
+                    self(torch.zeros(b, t, dtype=torch.long), cache, slots, [t] * b, hidden_layers)
                     for s, n in zip(slots, before, strict=True):
                         cache.truncate(s, n)
                     done.append(f"{b}x{t}" + ("" if slots[0] == 0 else " gathered"))
         took = time.perf_counter() - t0
         skipped = f"; budget {self.budget_s:g} s spent, {self.refused} shapes left eager" if self.refused else ""
-        return f"compiled {len(done)} step shapes (rows x tokens: {', '.join(done) or 'none'}) in {took:.1f} s{skipped}"
+        hidden = f", with the hidden states of layers {list(hidden_layers)}" if hidden_layers else ""
+        return (f"compiled {len(done)} step shapes (rows x tokens: {', '.join(done) or 'none'}{hidden}) in {took:.1f} s"
+                f"{skipped}")
 
     @torch.inference_mode()
     def __call__(self, tokens: torch.Tensor, cache: KVCache, slots: list[int], n_new: list[int],

@@ -116,6 +116,24 @@ def test_warm_compiles_each_row_bucket_once_and_longer_contexts_reuse_the_graph(
     assert cache.lens.tolist() == [31, 0] and len(compiled.seen) == 3
 
 
+def test_warm_compiles_the_graph_that_returns_the_drafters_hidden_states():
+    """A drafter's engine asks every step for hidden states: warm compiles that graph, so the first timed step of
+    a DSpark method does not compile (bench once charged ~145 s of compiling to one method's window)."""
+    model = load_model(ASSETS / "target", "cpu", "fp32")
+    cache = model.new_cache(1, 64)
+    compiled = CompiledStep(model)
+    assert compiled.warm(cache, 1, (0,)).startswith("compiled 1 step shapes (rows x tokens: 1x1, with the hidden "
+                                                   "states of layers [0])")
+    model(torch.randint(0, model.arch.vocab_size, (1, 5)), cache, [0])
+    model.compiled = compiled
+    try:
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            out = model(torch.randint(0, model.arch.vocab_size, (1, 1)), cache, [0], hidden_layers=(0,))
+    finally:
+        model.compiled = None
+    assert out.flat_hidden is not None and len(compiled.seen) == 1
+
+
 def test_engines_sharing_a_target_share_one_compiled_step_with_all_their_sizes():
     from dspark_core.modeling.compiled import attach
 
