@@ -34,11 +34,15 @@ class ModelSection(_Section):
 class DrafterSection(_Section):
     """Which drafter proposes tokens and where its weights live."""
 
-    method: Literal["plain", "ar_draft", "ngram", "dspark"] = "ar_draft"  # plain = no speculation
+    method: Literal["plain", "ar_draft", "ngram", "suffix", "dspark"] = "ar_draft"  # plain = no speculation
     path: str | None = None  # drafter checkpoint folder or model id (ar_draft: an HF model; dspark: a DSpark
     # drafter); unset on the tiny target: its committed one (`drafter_path`)
     ngram_max: int = Field(4, ge=1)  # prompt lookup: longest suffix n-gram to match
     ngram_min: int = Field(1, ge=1)  # prompt lookup: shortest suffix n-gram to match
+    suffix_depth: int = Field(24, ge=2, le=64)  # suffix decoding: tree depth (match + draft tokens), vLLM's 24
+    suffix_spec_factor: float = Field(1.0, ge=0.0, le=16.0)  # suffix: draft <= ceil(factor x match length) tokens
+    suffix_min_prob: float = Field(0.1, ge=0.0, le=1.0)  # suffix: stop below this estimated draft probability
+    suffix_cache_tokens: int = Field(8192, ge=0, le=1_000_000)  # suffix: finished-output tokens in the global tree
 
 
 class SpecSection(_Section):

@@ -175,7 +175,7 @@ def export_study(db_url: str, name: str, out: Path, number: int | None = None) -
 
 
 def _bundled_engine_runs(params: dict[str, Any]) -> bool:
-    """Whether the bundled engine runs the tuned configuration (plain decoding, DSpark, n-gram): only then does
+    """Whether the bundled engine runs the tuned configuration (plain, DSpark, n-gram, suffix): only then does
     the bundle ship dspark.yaml, dspark.sh and the files they read."""
     from tuner.engine_config import BUNDLED_METHODS
 

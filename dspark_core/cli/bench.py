@@ -2,8 +2,8 @@
 
 Methods: `plain` (our runner, no speculation), `hf_assisted` (transformers' assisted generation with the
 same target and the small draft model: the peer), `hf_prompt_lookup` (transformers' prompt lookup decoding),
-`ar_draft` (our loop, same draft model), `ngram` (prompt lookup), and part 2's DSpark drafters by name:
-`dflash` (head none), `dspark_markov`, `dspark_rnn`, with an optional `/scheduler` suffix
+`ar_draft` (our loop, same draft model), `ngram` (prompt lookup), `suffix` (suffix decoding), and part 2's DSpark
+drafters by name: `dflash` (head none), `dspark_markov`, `dspark_rnn`, with an optional `/scheduler` suffix
 (`dspark_markov/prefix`) and an optional `@block` suffix: a static block length (`dspark_markov@4`) or the learned
 block-length policy (`dspark_markov/prefix@learned`, spec.gamma_policy_path from --config) or its logging mode
 (`@explore`: a random block per round). Rows follow DESIGN.md section 3.
@@ -45,12 +45,12 @@ def method_params(name: str, config: EngineConfig) -> dict[str, Any]:
         params: dict[str, Any] = {"drafter.method": "plain"}
     elif base == "ar_draft":
         params = {"drafter.method": "ar_draft"}
-    elif base == "ngram":
-        params = {"drafter.method": "ngram"}
+    elif base in ("ngram", "suffix"):
+        params = {"drafter.method": base}
     elif base in HEADS:
         params = {"drafter.method": "dspark", "spec.head": HEADS[base], "drafter.path": None}
     else:
-        known = ", ".join(dict.fromkeys([*BASE_METHODS, *HF_METHODS, *HEADS]))
+        known = ", ".join(dict.fromkeys([*BASE_METHODS, *HF_METHODS, "suffix", *HEADS]))
         raise DSparkError(f"unknown bench method {name!r}; choose from {known} (DSpark ones may add /scheduler)")
     if sched:
         params["spec.scheduler"] = sched
@@ -250,6 +250,9 @@ def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> l
     for rep in range(spec.repeats):
         order = methods[rep % len(methods) :] + methods[: rep % len(methods)]
         for m in order:
+            drafter = getattr(getattr(m, "engine", None), "drafter", None)
+            if drafter is not None:  # every pass replays the same prompts: none may draft from an earlier pass
+                drafter.forget()
             outs, stats = m.run(spec.prompts, spec.sampling)
             row = rows[m.name]
             row.seconds += stats.seconds
@@ -293,6 +296,9 @@ def report(spec: BenchSpec, rows: list[Row], device: str, target: LeanModel | No
             "position_acceptance": [round(x, 4) for x in st.position_acceptance] if speculative and st else [],
             "lossless": lossless,
             "verify_tokens_per_step": round(st.verify_tokens_per_step, 3) if st and st.steps else None,
+            # the drafter's host time (propose + scheduler) per decode step and its share of the decode time
+            "draft_ms_per_step": round(1e3 * st.draft_s / st.steps, 3) if speculative and st and st.steps else None,
+            "draft_share": round(st.draft_s / st.decode_s, 4) if speculative and st and st.decode_s else None,
             "generated_tokens": r.tokens,
             "seconds": round(r.seconds, 3),
             **extra,

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 DRAFTERS: dict[str, str] = {
     "ar_draft": "dspark_core.drafters.ar_draft:build_drafter",
     "ngram": "dspark_core.drafters.ngram:build_drafter",
+    "suffix": "dspark_core.drafters.suffix:build_drafter",
     "dspark": "dspark_core.drafters.dspark_runtime:build_runtime",
 }
 

@@ -106,6 +106,10 @@ class Drafter(ABC):
     def release(self, slot: int) -> None:  # noqa: B027 - optional hook, default keeps nothing
         """The request in `slot` finished; free per-slot state (default: nothing to free)."""
 
+    def forget(self) -> None:  # noqa: B027 - optional hook, default keeps nothing across requests
+        """Drop what was learned from earlier requests (suffix decoding's global tree): a benchmark pass that
+        replays the same prompts must not draft from the outputs of the pass before (default: nothing kept)."""
+
 
 class VerifyScheduler(Protocol):
     """Chooses how many drafted tokens each request verifies this round (part 2: threshold, prefix, ...)."""
