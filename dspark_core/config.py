@@ -43,6 +43,7 @@ class DrafterSection(_Section):
     suffix_spec_factor: float = Field(1.0, ge=0.0, le=16.0)  # suffix: draft <= ceil(factor x match length) tokens
     suffix_min_prob: float = Field(0.1, ge=0.0, le=1.0)  # suffix: stop below this estimated draft probability
     suffix_cache_tokens: int = Field(8192, ge=0, le=1_000_000)  # suffix: finished-output tokens in the global tree
+    suffix_window: int = Field(4096, ge=64, le=1_000_000)  # suffix: a request's tree indexes its last this many tokens
 
 
 class SpecSection(_Section):

@@ -2,7 +2,7 @@
 
 The method of Oliaro et al. 2024 (arXiv 2411.04975) as vLLM runs it (`method: suffix`, through Snowflake's Arctic
 Inference), written for this engine on `suffix_tree.SuffixTree`:
-* a tree per request over its prompt and output, grown as tokens are committed;
+* a tree per request over its prompt and output, grown as tokens are committed (the last `window` tokens' starts);
 * a global tree over the outputs of recently finished requests, bounded by `cache_tokens` (oldest out first), so a
   request can copy what earlier ones wrote;
 * each round, each tree matches the longest suffix of the context that occurred with a continuation (at most
@@ -36,6 +36,7 @@ class _Slot:
     tree: SuffixTree
     tokens: list[int] = field(default_factory=list)  # prompt + committed output, as the tree holds them
     prompt_len: int = 0  # tokens of the prompt at the start of `tokens`
+    dropped: int = 0  # start positions taken out of the tree (it indexes the last `window` starts)
 
 
 @dataclass
@@ -54,8 +55,9 @@ class SuffixDrafter(Drafter):
     name = "suffix"
 
     def __init__(self, depth: int = 24, spec_factor: float = 1.0, min_prob: float = 0.1,
-                 cache_tokens: int = 8192) -> None:
+                 cache_tokens: int = 8192, window: int = 4096) -> None:
         self.depth, self.spec_factor, self.min_prob = depth, spec_factor, min_prob
+        self.window = max(window, depth)  # substrings starting in the last `window` tokens of a request are indexed
         self.cache_tokens = cache_tokens  # finished-output tokens the global tree keeps (0 = no global tree)
         self.glob = SuffixTree(depth)
         self._cached: deque[list[int]] = deque()  # outputs in the global tree, oldest first
@@ -64,9 +66,18 @@ class SuffixDrafter(Drafter):
         self.stats = SuffixStats()
 
     def reset(self, slot: int, prompt: list[int], hidden: torch.Tensor | None) -> None:
-        tree = SuffixTree(self.depth)
-        tree.append(prompt)
-        self._slots[slot] = _Slot(tree, list(prompt), len(prompt))
+        s = _Slot(SuffixTree(self.depth), [], len(prompt))
+        self._slots[slot] = s
+        self._extend(s, prompt)
+
+    def _extend(self, s: _Slot, new: list[int]) -> None:
+        """Append committed tokens to the slot's tree, then drop the starts that left the window (memory: ~20 nodes
+        a token at depth 24, ~5 KB; the window bounds a request's tree whatever its length)."""
+        s.tree.append(new)
+        s.tokens.extend(new)
+        for start in range(s.dropped, len(s.tokens) - self.window):
+            s.tree.drop_start(s.tokens, start)
+        s.dropped = max(s.dropped, len(s.tokens) - self.window)
 
     def _sync(self, r: DraftRequest) -> _Slot:
         """The slot's tree extended to the request's committed tokens (a slot first seen here starts afresh)."""
@@ -74,9 +85,7 @@ class SuffixDrafter(Drafter):
         if s is None or r.tokens[: len(s.tokens)] != s.tokens:  # a new request in this slot
             s = _Slot(SuffixTree(self.depth), [], r.prompt_len)
             self._slots[r.slot] = s
-        new = r.tokens[len(s.tokens):]
-        s.tree.append(new)
-        s.tokens.extend(new)
+        self._extend(s, r.tokens[len(s.tokens):])
         return s
 
     def _best(self, context: list[int], gamma: int, trees: list[SuffixTree]) -> tuple[list[int], list[float], int]:
@@ -125,8 +134,7 @@ class SuffixDrafter(Drafter):
         for res in results:  # committed tokens join the request's tree now; the next propose finds them there
             s = self._slots.get(res.slot)
             if s is not None and res.new_tokens:
-                s.tree.append(res.new_tokens)
-                s.tokens.extend(res.new_tokens)
+                self._extend(s, res.new_tokens)
 
     def forget(self) -> None:
         """Empty the global tree (the requests' own trees are theirs and stay)."""
@@ -163,4 +171,5 @@ def running_products(probs: list[float]) -> list[float]:
 def build_drafter(config, target) -> SuffixDrafter:  # noqa: ANN001 - EngineConfig, LeanModel
     """Registry entry: tree depth, spec factor, probability floor and global cache from `config.drafter`."""
     d = config.drafter
-    return SuffixDrafter(d.suffix_depth, d.suffix_spec_factor, d.suffix_min_prob, d.suffix_cache_tokens)
+    return SuffixDrafter(d.suffix_depth, d.suffix_spec_factor, d.suffix_min_prob, d.suffix_cache_tokens,
+                         d.suffix_window)

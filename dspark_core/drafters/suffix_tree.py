@@ -7,7 +7,8 @@ of those occurrences had a next token, so `kid.count / node.cont` estimates P(ne
 * `append` grows a request's own tree token by token in O(depth): the nodes of every suffix that ends at the last
   token are kept (`_active`), and each gets the new token as a child.
 * `insert` / `remove` add and take back a whole sequence (the global tree's finished outputs, FIFO): each start
-  position walks `depth` tokens, so removing exactly undoes inserting and nodes whose count reaches 0 are freed.
+  position walks `depth` tokens, so removing exactly undoes inserting and nodes whose count reaches 0 are freed;
+  `drop_start` takes back one start of an appended sequence (a request's tree over a sliding window).
 * `match` finds the longest suffix of a context that occurred with a continuation; `follow` walks the most frequent
   continuation while its estimated probability stays above a floor.
 """
@@ -77,6 +78,18 @@ class SuffixTree:
     def remove(self, seq: Sequence[int]) -> None:
         """Undo `insert(seq)`."""
         self.insert(seq, -1)
+
+    def drop_start(self, seq: Sequence[int], start: int) -> None:
+        """Take back the substrings of the appended sequence `seq` that begin at `start`: a request's tree indexes a
+        sliding window. Only a start at least `depth` tokens before the end: its substrings are all counted and no
+        longer grow with the next token."""
+        if start > len(seq) - self.depth:
+            raise ValueError(f"start {start} is within {self.depth} tokens of the end ({len(seq)})")
+        node: Node | None = self.root
+        for tok in seq[start : start + self.depth]:
+            node = self._step(node, tok, -1)  # type: ignore[arg-type]
+            if node is None:
+                break
 
     def match(self, context: Sequence[int], longest: int) -> tuple[Node, int] | None:
         """The node of the longest suffix of `context` (at most `longest` tokens) that occurred with a next

@@ -129,3 +129,23 @@ def test_suffix_sampled_output_follows_the_target() -> None:
     counts = torch.bincount(torch.tensor([o.token_ids[1] for o in gen.outputs]), minlength=vocab).float() / n
     assert 0.5 * float((counts - want).abs().sum()) < 0.05
     assert gen.stats.verified > 0 and gen.stats.accepted < gen.stats.verified  # real rejections happened
+
+
+def test_a_requests_tree_indexes_a_sliding_window() -> None:
+    """Past `window` tokens the oldest starts leave the tree: it holds what a tree of the last `window` tokens holds,
+    so its memory is bounded whatever the request's length."""
+    rng = random.Random(3)
+    d = SuffixDrafter(depth=6, window=64)
+    prompt = [rng.randrange(7) for _ in range(50)]
+    d.reset(0, prompt, None)
+    toks = list(prompt)
+    for _ in range(40):
+        new = [rng.randrange(7) for _ in range(rng.randrange(1, 9))]
+        d.update([RoundResult(slot=0, proposed=0, verified=0, accepted=0, new_tokens=new)])
+        toks += new
+    ref = SuffixTree(6)
+    ref.insert(toks[-64:])
+    tree = d._slots[0].tree
+    assert _dump(tree.root) == _dump(ref.root) and tree.nodes == ref.nodes
+    with pytest.raises(ValueError, match="within 6 tokens of the end"):
+        tree.drop_start(toks, len(toks) - 3)
