@@ -34,7 +34,7 @@ class ModelSection(_Section):
 class DrafterSection(_Section):
     """Which drafter proposes tokens and where its weights live."""
 
-    method: Literal["plain", "ar_draft", "ngram", "suffix", "dspark"] = "ar_draft"  # plain = no speculation
+    method: Literal["plain", "ar_draft", "ngram", "suffix", "dspark", "hybrid"] = "ar_draft"  # plain = none
     path: str | None = None  # drafter checkpoint folder or model id (ar_draft: an HF model; dspark: a DSpark
     # drafter); unset on the tiny target: its committed one (`drafter_path`)
     ngram_max: int = Field(4, ge=1)  # prompt lookup: longest suffix n-gram to match
@@ -161,7 +161,8 @@ def drafter_path(config: EngineConfig, method: str | None = None) -> str | None:
 
         full = ensure_draft(root.name, checkpoint_folder(config.model.path))
         return str(full) if full is not None else None
-    committed = {"ar_draft": root / "draft", "dspark": root / "drafters" / config.spec.head}
+    committed = {"ar_draft": root / "draft", "dspark": root / "drafters" / config.spec.head,
+                 "hybrid": root / "drafters" / config.spec.head}
     path = committed.get(method)
     return str(path) if path is not None and path.is_dir() else None
 

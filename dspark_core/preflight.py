@@ -41,7 +41,7 @@ def engine_parts(config: EngineConfig, target: ArchConfig | None, with_drafter: 
                                  kv_elem)
     if not (with_drafter and config.spec.enabled):
         return parts
-    if config.drafter.method == "dspark":
+    if config.drafter.method in ("dspark", "hybrid"):
         from dspark_core.drafters.dspark_layout import read_drafter_config
         from dspark_core.drafters.dspark_runtime import drafter_folder
 

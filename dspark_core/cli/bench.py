@@ -3,7 +3,8 @@
 Methods: `plain` (our runner, no speculation), `hf_assisted` (transformers' assisted generation with the
 same target and the small draft model: the peer), `hf_prompt_lookup` (transformers' prompt lookup decoding),
 `ar_draft` (our loop, same draft model), `ngram` (prompt lookup), `suffix` (suffix decoding), and part 2's DSpark
-drafters by name: `dflash` (head none), `dspark_markov`, `dspark_rnn`, with an optional `/scheduler` suffix
+drafters by name: `dflash` (head none), `dspark_markov`, `dspark_rnn` (and `hybrid_dflash`, `hybrid_markov`,
+`hybrid_rnn`: the same drafter or suffix decoding, per request and round), with an optional `/scheduler` suffix
 (`dspark_markov/prefix`) and an optional `@block` suffix: a static block length (`dspark_markov@4`) or the learned
 block-length policy (`dspark_markov/prefix@learned`, spec.gamma_policy_path from --config) or its logging mode
 (`@explore`: a random block per round). Rows follow DESIGN.md section 3.
@@ -28,6 +29,7 @@ BASE_METHODS = ("plain", "hf_assisted", "ar_draft", "ngram")  # the part-1 metho
 HF_METHODS = ("hf_assisted", "hf_prompt_lookup")  # transformers' generate: assisted with the AR draft / prompt lookup
 HF_PROMPT_LOOKUP_TOKENS = 10  # prompt_lookup_num_tokens: the value transformers' documentation suggests
 HEADS = {"dflash": "none", "dspark_markov": "markov", "dspark_rnn": "rnn"}  # DSpark method -> spec.head
+HYBRIDS = {f"hybrid_{k.removeprefix('dspark_')}": v for k, v in HEADS.items()}  # DSpark + suffix, per round
 SCHEDULERS = ("verify_all", "threshold", "prefix", "async_topk", "learned")  # valid `/scheduler` suffixes
 
 
@@ -49,8 +51,10 @@ def method_params(name: str, config: EngineConfig) -> dict[str, Any]:
         params = {"drafter.method": base}
     elif base in HEADS:
         params = {"drafter.method": "dspark", "spec.head": HEADS[base], "drafter.path": None}
+    elif base in HYBRIDS:
+        params = {"drafter.method": "hybrid", "spec.head": HYBRIDS[base], "drafter.path": None}
     else:
-        known = ", ".join(dict.fromkeys([*BASE_METHODS, *HF_METHODS, "suffix", *HEADS]))
+        known = ", ".join(dict.fromkeys([*BASE_METHODS, *HF_METHODS, "suffix", *HEADS, *HYBRIDS]))
         raise DSparkError(f"unknown bench method {name!r}; choose from {known} (DSpark ones may add /scheduler)")
     if sched:
         params["spec.scheduler"] = sched

@@ -18,6 +18,7 @@ DRAFTERS: dict[str, str] = {
     "ngram": "dspark_core.drafters.ngram:build_drafter",
     "suffix": "dspark_core.drafters.suffix:build_drafter",
     "dspark": "dspark_core.drafters.dspark_runtime:build_runtime",
+    "hybrid": "dspark_core.drafters.hybrid:build_drafter",
 }
 
 
