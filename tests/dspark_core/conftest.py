@@ -74,3 +74,21 @@ def random_drafter(target: LeanModel, head: str = "markov", block: int = 4):  # 
         for p in m.parameters():
             p.add_(torch.randn_like(p) * 0.2)
     return DSparkDrafter(m.eval())
+
+
+def sampled_second_token_tv(target: LeanModel, drafter, method: str, prompt: list[int], n: int):  # noqa: ANN001, ANN201
+    """Sample 3 tokens after `prompt` n times through the engine with `drafter` (block 3, 64 requests at a time);
+    (total variation between the 2nd token's empirical marginal and the target's exact one, the Generation)."""
+    from dspark_core.engine import Engine
+    from dspark_core.verification.sampling import SamplingParams
+
+    vocab = target.arch.vocab_size
+    with torch.no_grad():
+        p1 = torch.softmax(target.forward_full(torch.tensor([prompt]))[0][0, -1], -1)
+        p2 = torch.softmax(target.forward_full(torch.tensor([prompt + [t] for t in range(vocab)]))[0][:, -1], -1)
+    want = p1 @ p2  # [V]: sum_t1 p(t1) p(t2 | t1)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=3, ignore_eos=True)
+    eng = Engine(engine_config(block=3, max_requests=64, method=method), target=target, drafter=drafter)
+    gen = eng.generate([prompt] * n, sp)
+    counts = torch.bincount(torch.tensor([o.token_ids[1] for o in gen.outputs]), minlength=vocab).float() / n
+    return 0.5 * float((counts - want).abs().sum()), gen

@@ -7,8 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
-from conftest import engine_config, random_model
+from conftest import engine_config, random_model, sampled_second_token_tv
 
 from dspark_core.drafters.base import DraftRequest, RoundResult
 from dspark_core.drafters.suffix import SuffixDrafter
@@ -113,21 +112,11 @@ def test_suffix_greedy_is_token_identical_to_plain(block: int, tiny_target, tiny
 
 
 def test_suffix_sampled_output_follows_the_target() -> None:
-    """The marginal of the 2nd and 3rd sampled tokens equals the target's exact one, with suffix drafts (from the
-    prompt's repeats and from earlier outputs) rejected and accepted along the way."""
-    vocab, n = 6, 1500
-    target = random_model(5, vocab=vocab)
-    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
-    sp = SamplingParams(temperature=1.0, max_new_tokens=3, ignore_eos=True)
-    with torch.no_grad():
-        p1 = torch.softmax(target.forward_full(torch.tensor([prompt]))[0][0, -1], -1)
-        p2 = torch.softmax(target.forward_full(torch.tensor([prompt + [t] for t in range(vocab)]))[0][:, -1], -1)
-    want = p1 @ p2  # [V]: sum_t1 p(t1) p(t2 | t1)
-    eng = Engine(engine_config(block=3, max_requests=64, method="suffix"), target=target,
-                 drafter=SuffixDrafter(min_prob=0.0))
-    gen = eng.generate([prompt] * n, sp)
-    counts = torch.bincount(torch.tensor([o.token_ids[1] for o in gen.outputs]), minlength=vocab).float() / n
-    assert 0.5 * float((counts - want).abs().sum()) < 0.05
+    """The marginal of the 2nd sampled token equals the target's exact one, with suffix drafts (from the prompt's
+    repeats and from earlier outputs) rejected and accepted along the way."""
+    tv, gen = sampled_second_token_tv(random_model(5, vocab=6), SuffixDrafter(min_prob=0.0), "suffix",
+                                      [1, 2, 3, 1, 2, 3, 1, 2], 1500)
+    assert tv < 0.05
     assert gen.stats.verified > 0 and gen.stats.accepted < gen.stats.verified  # real rejections happened
 
 
