@@ -23,19 +23,12 @@ import torch
 
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult
 from dspark_core.drafters.suffix import SuffixDrafter
-
-
-def expected_accepted(conf: torch.Tensor, num: list[int]) -> list[float]:
-    """conf [B, G] per-position survival probabilities -> [B] sum_k prod_{j<=k} conf[b, j] over the first num[b]."""
-    out = []
-    for b, n in enumerate(num):
-        out.append(float(torch.cumprod(conf[b, :n].double(), 0).sum()) if n > 0 else 0.0)
-    return out
+from dspark_core.drafters.suffix_tree import expected_accepted
 
 
 @dataclass
 class HybridStats:
-    """Which proposer each request round took (bench, tests and /metrics read them)."""
+    """Which proposer each request round took (tests read them; not in /metrics yet)."""
 
     suffix: int = 0  # request rounds drafted by suffix decoding
     model: int = 0  # request rounds drafted by the DSpark drafter
@@ -59,11 +52,11 @@ class HybridDrafter(Drafter):
     def propose(self, requests: list[DraftRequest]) -> Proposal:
         ps = self.suffix.propose(requests)
         b = len(requests)
-        e_s = expected_accepted(ps.confidence, ps.num) if ps.confidence is not None else [0.0] * b
+        e_s = _expected(ps)
         ask = [r if e < self.model_below else replace(r, gamma=0) for r, e in zip(requests, e_s, strict=True)]
         pm = self.model.propose(ask)
         g = max(ps.tokens.shape[1], pm.tokens.shape[1])
-        e_m = expected_accepted(pm.confidence, pm.num) if pm.confidence is not None else [0.0] * b
+        e_m = _expected(pm)
         tokens = torch.zeros(b, g, dtype=torch.long)
         conf = torch.full((b, g), 1e-3)
         probs = None if pm.probs is None else torch.zeros(b, g, pm.probs.shape[-1])
@@ -98,6 +91,13 @@ class HybridDrafter(Drafter):
 
     def forget(self) -> None:
         self.suffix.forget()
+
+
+def _expected(p: Proposal) -> list[float]:
+    """Each row's expected accepted length from its confidences (0 for a proposal without them)."""
+    if p.confidence is None:
+        return [0.0] * len(p.num)
+    return [expected_accepted(p.confidence[i, :n].tolist()) for i, n in enumerate(p.num)]
 
 
 def build_drafter(config, target) -> HybridDrafter:  # noqa: ANN001 - EngineConfig, LeanModel

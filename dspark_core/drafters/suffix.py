@@ -19,14 +19,13 @@ token's frequency ratio, the estimate a scheduler or the hybrid drafter can weig
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult
-from dspark_core.drafters.suffix_tree import SuffixTree
+from dspark_core.drafters.suffix_tree import SuffixTree, expected_accepted
 
 
 @dataclass
@@ -41,10 +40,8 @@ class _Slot:
 
 @dataclass
 class SuffixStats:
-    """What the proposals cost and where they came from (bench and tests read them)."""
+    """Where the proposals came from (tests read them; the drafting time is the engine's `GenStats.draft_s`)."""
 
-    rounds: int = 0  # propose calls
-    seconds: float = 0.0  # host time in propose
     from_request: int = 0  # proposals from the request's own tree
     from_global: int = 0  # proposals from the global tree of finished outputs
 
@@ -80,9 +77,10 @@ class SuffixDrafter(Drafter):
         s.dropped = max(s.dropped, len(s.tokens) - self.window)
 
     def _sync(self, r: DraftRequest) -> _Slot:
-        """The slot's tree extended to the request's committed tokens (a slot first seen here starts afresh)."""
+        """The slot's tree extended to the request's committed tokens (the engine resets a slot for each new
+        request; a slot first seen here, or one that holds more than the request, starts afresh)."""
         s = self._slots.get(r.slot)
-        if s is None or r.tokens[: len(s.tokens)] != s.tokens:  # a new request in this slot
+        if s is None or len(r.tokens) < len(s.tokens):
             s = _Slot(SuffixTree(self.depth), [], r.prompt_len)
             self._slots[r.slot] = s
         self._extend(s, r.tokens[len(s.tokens):])
@@ -99,13 +97,12 @@ class SuffixDrafter(Drafter):
             node, k = found
             limit = min(gamma, max(1, math.ceil(self.spec_factor * k)))
             toks, probs = tree.follow(node, limit, self.min_prob)
-            score = sum(running_products(probs))
+            score = expected_accepted(probs)
             if toks and score > best_score:
                 best, best_score = (toks, probs, i), score
         return best
 
     def propose(self, requests: list[DraftRequest]) -> Proposal:
-        t0 = time.perf_counter()
         drafts: list[tuple[list[int], list[float]]] = []
         for r in requests:
             s = self._sync(r)
@@ -126,8 +123,6 @@ class SuffixDrafter(Drafter):
             if d:
                 tokens[i, : len(d)] = torch.tensor(d, dtype=torch.long)
                 conf[i, : len(p)] = torch.tensor(p).clamp(1e-3, 1 - 1e-3)
-        self.stats.rounds += 1
-        self.stats.seconds += time.perf_counter() - t0
         return Proposal(tokens=tokens, num=[len(d) for d, _ in drafts], confidence=conf)
 
     def update(self, results: list[RoundResult]) -> None:
@@ -157,15 +152,6 @@ class SuffixDrafter(Drafter):
             old = self._cached.popleft()
             self.glob.remove(old)
             self._cached_tokens -= len(old)
-
-
-def running_products(probs: list[float]) -> list[float]:
-    """Running products p1, p1 p2, ...: P(the first k draft tokens all hold) under the frequency model."""
-    out, joint = [], 1.0
-    for p in probs:
-        joint *= p
-        out.append(joint)
-    return out
 
 
 def build_drafter(config, target) -> SuffixDrafter:  # noqa: ANN001 - EngineConfig, LeanModel

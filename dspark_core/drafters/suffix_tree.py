@@ -66,14 +66,18 @@ class SuffixTree:
             longer = [self._step(a, tok, 1) for a in self._active[: self.depth - 1]]
             self._active = [self._step(self.root, tok, 1), *longer]  # type: ignore[list-item]
 
+    def _walk(self, path: Sequence[int], delta: int) -> None:
+        """Move the count of every prefix of `path` (one start's substrings) by delta."""
+        node: Node | None = self.root
+        for tok in path:
+            node = self._step(node, tok, delta)  # type: ignore[arg-type]
+            if node is None:
+                break
+
     def insert(self, seq: Sequence[int], delta: int = 1) -> None:
         """Count every substring of `seq` of up to `depth` tokens (delta -1: take them back, freeing empty nodes)."""
         for start in range(len(seq)):
-            node: Node | None = self.root
-            for tok in seq[start : start + self.depth]:
-                node = self._step(node, tok, delta)  # type: ignore[arg-type]
-                if node is None:
-                    break
+            self._walk(seq[start : start + self.depth], delta)
 
     def remove(self, seq: Sequence[int]) -> None:
         """Undo `insert(seq)`."""
@@ -85,11 +89,7 @@ class SuffixTree:
         longer grow with the next token."""
         if start > len(seq) - self.depth:
             raise ValueError(f"start {start} is within {self.depth} tokens of the end ({len(seq)})")
-        node: Node | None = self.root
-        for tok in seq[start : start + self.depth]:
-            node = self._step(node, tok, -1)  # type: ignore[arg-type]
-            if node is None:
-                break
+        self._walk(seq[start : start + self.depth], -1)
 
     def match(self, context: Sequence[int], longest: int) -> tuple[Node, int] | None:
         """The node of the longest suffix of `context` (at most `longest` tokens) that occurred with a next
@@ -123,3 +123,13 @@ class SuffixTree:
             probs.append(p)
             node = kid
         return toks, probs
+
+
+def expected_accepted(probs: Sequence[float]) -> float:
+    """sum_k prod_{j<=k} probs[j]: the expected accepted length of a draft whose token k holds with probability
+    probs[k] once the ones before it did (suffix's frequency ratios, DSpark's calibrated confidences)."""
+    total, joint = 0.0, 1.0
+    for p in probs:
+        joint *= p
+        total += joint
+    return total

@@ -7,16 +7,21 @@ import pytest
 import torch
 from conftest import engine_config, random_drafter, random_model, sampled_second_token_tv
 
-from dspark_core.drafters.hybrid import HybridDrafter, expected_accepted
+from dspark_core.drafters.base import Proposal
+from dspark_core.drafters.hybrid import HybridDrafter, _expected
 from dspark_core.drafters.suffix import SuffixDrafter
+from dspark_core.drafters.suffix_tree import expected_accepted
 from dspark_core.engine import Engine
 from dspark_core.verification.sampling import SamplingParams
 
 
 def test_expected_accepted_length() -> None:
     conf = torch.tensor([[0.5, 0.5, 0.5], [0.9, 0.1, 1.0]])
-    assert expected_accepted(conf, [3, 2]) == pytest.approx([0.5 + 0.25 + 0.125, 0.9 + 0.09])
-    assert expected_accepted(conf, [0, 0]) == [0.0, 0.0]
+    tokens = torch.zeros(2, 3, dtype=torch.long)
+    assert _expected(Proposal(tokens, [3, 2], confidence=conf)) == pytest.approx([0.5 + 0.25 + 0.125, 0.9 + 0.09])
+    assert _expected(Proposal(tokens, [0, 0], confidence=conf)) == [0.0, 0.0]
+    assert _expected(Proposal(tokens, [3, 2])) == [0.0, 0.0]  # no confidences: nothing expected
+    assert expected_accepted([]) == 0.0
 
 
 PROMPTS = ["import os\nimport sys\n\n\ndef main(", "for i in range(10):\n    if i % 2 == 0:\n",
