@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dspark_core.config import HOT_SPEC, EngineConfig, SpecSection, apply_params
-from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult, VerifyAll, VerifyScheduler
+from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult, VerifyScheduler
+from dspark_core.engine_parts import build_scheduler, install_kernel_configs, kv_dtype
 from dspark_core.errors import DSparkError, EngineBusy
 from dspark_core.kernels.spec import use_triton
 from dspark_core.modeling.dtype_choice import fastest_dtype
@@ -123,7 +124,7 @@ class Engine:
             drafter = build_drafter(c.drafter.method, c, self.target)
         self.drafter = drafter
         self._install(scheduler if scheduler is not None else build_scheduler(c, self.target))
-        _install_kernel_configs(c, self.target.device)
+        install_kernel_configs(c, self.target.device)
         self.cache = self.target.new_cache(c.batch.max_requests, c.model.max_seq_len, dtype=kv_dtype(c, self.target))
         self.stats = GenStats(method=self.drafter.name if self.drafter else "plain")  # since the last reset_stats
         self._free = list(range(c.batch.max_requests - 1, -1, -1))  # free KV slots (pop from the end)
@@ -204,6 +205,11 @@ class Engine:
     @property
     def num_running(self) -> int:
         return len(self._running)
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        """The target layers whose hidden states every step returns (the drafter's; none without one)."""
+        return self.drafter.hidden_layers if self.drafter else ()
 
     def has_work(self) -> bool:
         return bool(self._waiting or self._running)
@@ -344,8 +350,8 @@ class Engine:
         for j, r in enumerate(batch):
             inp[j, : len(r.ids)] = torch.tensor(r.ids)
             self.cache.truncate(r.slot, 0)
-        layers = self.drafter.hidden_layers if self.drafter else ()
-        out = self.target(inp, self.cache, [r.slot for r in batch], lens, hidden_layers=layers, last_only=True)
+        out = self.target(inp, self.cache, [r.slot for r in batch], lens, hidden_layers=self.hidden_layers,
+                          last_only=True)
         first = out.logits[:, 0].argmax(-1).tolist() if all(r.sp.greedy for r in batch) else None
         for j, r in enumerate(batch):
             r.tokens = list(r.ids)
@@ -427,9 +433,9 @@ class Engine:
             if nv[i]:
                 inp[i, 1 : nv[i] + 1] = drafts[i, : nv[i]]
         bases = [len(r.tokens) - 1 for r in running]
-        layers = self.drafter.hidden_layers if self.drafter else ()
         t1 = time.perf_counter()
-        out = self.target(inp, self.cache, [r.slot for r in running], [n + 1 for n in nv], hidden_layers=layers)
+        out = self.target(inp, self.cache, [r.slot for r in running], [n + 1 for n in nv],
+                          hidden_layers=self.hidden_layers)
         verdicts = self._verdicts(out, inp, nv, running, prop)  # reads the logits: the forward has finished
         stats = self.stats
         stats.draft_s += t1 - t0
@@ -472,36 +478,3 @@ class Engine:
             q = prop.probs[i, : nv[i]].to(p.device) if prop.probs is not None else None
             verdicts.append(verify_sampling(p, q, draft, r.generator))
         return verdicts
-
-
-def kv_dtype(config: EngineConfig, target: LeanModel) -> torch.dtype:
-    """The KV cache's dtype for `kv.dtype`: auto = the activations'; fp8 variants store keys and values in FP8
-    with no scale (as vLLM's and SGLang's `--kv-cache-dtype fp8_*` without calibrated scales) and attend in the
-    activation dtype."""
-    return {"auto": target.dtype, "bf16": torch.bfloat16, "fp16": torch.float16,
-            "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[config.kv.dtype]
-
-
-def _install_kernel_configs(config: EngineConfig, device: torch.device) -> None:
-    """Triton configs: the config's `kernel.<name>.<knob>`, then a bundle's kernels.json for this GPU."""
-    from dspark_core.kernels import spec as kspec
-
-    if config.kernel:
-        kspec.load_engine_params(config.kernel)
-    if config.kernel_file:
-        try:
-            kspec.load_tuned_file(config.kernel_file, device)
-        except ValueError as e:
-            raise DSparkError(str(e)) from None
-
-
-def build_scheduler(config: EngineConfig, target: LeanModel) -> VerifyScheduler:
-    """Plain `verify_all` when nothing regulates the verify length; else the engine scheduler of
-    `dspark_core.verification.verify_scheduler` (confidence ranking, adaptive gamma, the plain-decoding fallback)."""
-    spec = config.spec
-    if spec.scheduler == "verify_all" and not spec.adaptive_gamma and spec.fallback_acceptance == 0.0 \
-            and spec.round_log is None and spec.gamma_policy == "static":
-        return VerifyAll()  # nothing to regulate: every request drafts and verifies the full block
-    from dspark_core.verification.verify_scheduler import build_verify_scheduler
-
-    return build_verify_scheduler(config, target)

@@ -246,8 +246,7 @@ def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> l
         engine = getattr(m, "engine", None)
         if engine is not None and engine.target.compiled is not None:  # every batch shape compiled before timing
             rows_max = min(spec.concurrency, engine.config.batch.max_requests)
-            layers = engine.drafter.hidden_layers if engine.drafter is not None else ()
-            line = engine.target.compiled.warm(engine.cache, rows_max, layers)
+            line = engine.target.compiled.warm(engine.cache, rows_max, engine.hidden_layers)
             if progress is not None:
                 progress.console.print(f"{m.name}: {line}")
     task = progress.add_task("bench", total=spec.repeats * len(methods)) if progress else None

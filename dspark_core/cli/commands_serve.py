@@ -105,9 +105,8 @@ def serve_cmd(
     if engine.target.compiled is not None:
         typer.echo(f"compiling the decode / verify steps (at most {cfg.compile_budget_s:g} s; cached on disk) ...",
                    err=True)
-        layers = engine.drafter.hidden_layers if engine.drafter is not None else ()  # every step returns them
         typer.echo(worker.submit(on_deep_stack, engine.target.compiled.warm, engine.cache, cfg.batch.max_requests,
-                                 layers).result(), err=True)
+                                 engine.hidden_layers).result(), err=True)
     name = served_name or Path(cfg.model.path).name
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -236,7 +236,7 @@ def affine_sps(times: list[tuple[int, float]], max_batch_tokens: int) -> SpsTabl
 
 def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTable | None = None
                            ) -> EngineScheduler:
-    """The engine's scheduler for `config.spec` (entry point used by engine.build_scheduler)."""
+    """The engine's scheduler for `config.spec` (entry point used by engine_parts.build_scheduler)."""
     spec = config.spec
     reg = GammaRegulator(RegulatorConfig(gamma_min=1, gamma_max=spec.block_size, adaptive=spec.adaptive_gamma,
                                          fallback_floor=spec.fallback_acceptance))
