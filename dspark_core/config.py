@@ -44,6 +44,8 @@ class DrafterSection(_Section):
     suffix_min_prob: float = Field(0.1, ge=0.0, le=1.0)  # suffix: stop below this estimated draft probability
     suffix_cache_tokens: int = Field(8192, ge=0, le=1_000_000)  # suffix: finished-output tokens in the global tree
     suffix_window: int = Field(4096, ge=64, le=1_000_000)  # suffix: a request's tree indexes its last this many tokens
+    suffix_calibration: str = "auto"  # suffix: ratios -> measured acceptance (`calibrate-suffix` JSON); auto = the
+    # target's committed suffix_calibration.json when there is one, none = the raw ratios
 
 
 class SpecSection(_Section):
@@ -242,10 +244,10 @@ def load_config(path: str | os.PathLike[str]) -> EngineConfig:
     if drafter and not Path(drafter).is_absolute() and (p.parent / drafter).is_dir():
         config.drafter.path = str(p.parent / drafter)
     for section, key in (("spec", "sps_path"), ("spec", "sts_path"), ("spec", "policy_path"),
-                         ("spec", "gamma_policy_path"), (None, "kernel_file")):
+                         ("spec", "gamma_policy_path"), (None, "kernel_file"), ("drafter", "suffix_calibration")):
         owner = getattr(config, section) if section else config
         value = getattr(owner, key)
-        if value and not Path(value).is_absolute():
+        if value and value not in ("auto", "none") and not Path(value).is_absolute():
             setattr(owner, key, str(p.parent / value))
     return config
 

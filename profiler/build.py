@@ -257,12 +257,14 @@ def build_profile(model: str | None, gpu: str | None, workload: str | WorkloadPr
             if accept is not None:
                 profile.accept = accept
         if committed is not None and drafter in (None, "auto") and profile.drafter.id:
-            from profiler.drafter import committed_policies, measured_acceptance
+            from profiler.drafter import committed_policies, measured_acceptance, measured_method_acceptance
 
             accept, a_notes = measured_acceptance(committed, wl.domain)
             notes += a_notes
             if accept is not None:
                 profile.accept = accept
+            profile.accept_methods, m_notes = measured_method_acceptance(committed, wl.domain)
+            notes += m_notes
             head = profile.accept.drafter.rsplit("/", 1)[-1] if profile.accept.drafter else None
             policies, p_notes = committed_policies(committed, profile.hw, head)
             profile.drafter = profile.drafter.model_copy(update=policies)

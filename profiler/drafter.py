@@ -84,6 +84,34 @@ def measured_acceptance(root: Path, domain: str | None) -> tuple[AcceptProfile |
     return acc, [f"acceptance measured on {want} for heads {', '.join(got)} ({acc.source})"]
 
 
+def measured_method_acceptance(root: Path, domain: str | None) -> tuple[dict[str, AcceptProfile] | None, list[str]]:
+    """n-gram's, suffix's and the hybrid's acceptance measured on this target (`acceptance_methods.json` beside its
+    committed assets, written by `bench --record-acceptance`) on the workload's domain, by method."""
+    import json
+
+    from dspark_core.cli.acceptance_record import METHODS_FILE
+
+    f = root / METHODS_FILE
+    if not f.is_file():
+        return None, []
+    try:
+        data = json.loads(f.read_text())
+    except ValueError:
+        return None, [f"{f} is not valid JSON; re-run the bench with --record-acceptance"]
+    want = domain or "mixed"
+    got = {}
+    for method, by_domain in (data.get("methods") or {}).items():
+        m = by_domain.get(want)
+        if m:
+            got[method] = AcceptProfile(drafter=method, gamma=m["gamma"], tau=m["tau"],
+                                        position_acceptance=m["position_acceptance"],
+                                        source=f"measured: {m['command']}", domain=want,
+                                        method=method if method in HOST_METHODS else None)
+    if not got:
+        return None, []
+    return got, [f"acceptance of {', '.join(sorted(got))} measured on {want} ({f.name})"]
+
+
 POLICY_PREFIX = {"verify_policy": "policy", "gamma_policy": "gamma"}  # <prefix>_<hw>_<dtype>_<head>.json in assets
 
 

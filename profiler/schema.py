@@ -218,6 +218,8 @@ class Profile(_Strict):
     hw: HwProfile = HwProfile()
     workload: WorkloadProfile = WorkloadProfile()
     accept: AcceptProfile = AcceptProfile()
+    accept_methods: dict[str, AcceptProfile] | None = None  # measured acceptance of n-gram / suffix / hybrid on this
+    # workload's domain (bench --record-acceptance; the bundled engine's methods without a drafter of their own)
     drafter: DrafterProfile = DrafterProfile()
     derived: Derived = Derived()
     notes: list[str] | None = None  # how names were resolved and what was estimated or skipped

@@ -264,10 +264,14 @@ def method_prior(method: str, domain: str, kappa: float = 3.0) -> AcceptanceMode
 def acceptance_of(profile: Profile, method: str, head: str = "markov", draft_layers: int | None = None,
                   kappa: float = 3.0) -> AcceptanceModel:
     """The acceptance model of the method a deployment runs: DSpark / DFlash through `acceptance_for`; the others
-    from the profile's accept.* when it belongs to that method's drafter (a catalogued or measured figure), else
-    their published prior."""
+    from the profile's accept_methods (this target's bench of the method), else its accept.* when it belongs to that
+    method's drafter (a catalogued or measured figure), else their published prior."""
     if method in ("dspark", "dflash"):
         return acceptance_for(profile, head if method == "dspark" else "none", kappa, draft_layers)
+    measured = (getattr(profile, "accept_methods", None) or {}).get(method)
+    if measured is not None and measured.position_acceptance:  # this target's bench of the method (its domain)
+        pa = list(measured.position_acceptance)
+        return AcceptanceModel(pa[0], _measured_decay(pa, 1.0), kappa, f"{measured.source}", table=tuple(pa))
     acc = profile.accept
     drafter = getattr(profile, "drafter", None)
     mine = drafter is not None and getattr(drafter, "method", None) == method

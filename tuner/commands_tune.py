@@ -21,6 +21,13 @@ if TYPE_CHECKING:
 LOCAL_GPUS = ("auto", "cpu", "local")
 
 
+def default_deploy(mode: str, profile) -> str:  # noqa: ANN001 - profiler.schema.Profile
+    """The bundle's engines when --deploy is not given: a study measured on this CPU ran the bundled engine, which
+    is the one that serves on a CPU here (SGLang needs a GPU), so it searches what that engine runs; else both
+    serving stacks."""
+    return "dspark" if mode == "measure" and profile.hw.arch == "cpu" else "both"
+
+
 def _slug(s: str | None) -> str:
     return re.sub(r"[^a-z0-9]+", "-", (s or "x").lower()).strip("-")[:24] or "x"
 
@@ -225,9 +232,12 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
          calibrated: Annotated[bool, typer.Option("--calibration/--no-calibration", help="Simulate: scale times by "
                                                   "the latest live study's calibration of this hardware.")] = True,
          out: Annotated[Path, typer.Option(help="Bundle folder (written atomically).")] = Path("out"),
-         deploy: Annotated[str | None, typer.Option(help="The engine(s) the bundle is for: sglang, vllm or both "
-                                                    "(default; a resumed study keeps its own). The search holds "
-                                                    "only what they run; only their scripts are exported.")] = None,
+         deploy: Annotated[str | None, typer.Option(help="The engine(s) the bundle is for: sglang, vllm, both, or "
+                                                    "dspark (the bundled engine only: its methods include suffix "
+                                                    "and the DSpark + suffix hybrid). Default: dspark for a study "
+                                                    "measured on this CPU, else both; a resumed study keeps its "
+                                                    "own. The search holds only what they run; only their scripts "
+                                                    "are exported.")] = None,
          db: DbOpt = None, rules: RulesOpt = None, as_json: JsonOpt = False) -> None:
     """Tune DSpark for a model, GPU and workload, then export the deployable bundle."""
     from kb.commands import open_synced
@@ -306,7 +316,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                             plan=plan_json, plan_id=plan_id, mode=chosen, objectives=objectives,
                             slo_ttft_ms=slo.ttft_ms if slo else None, slo_tpot_ms=slo.tpot_ms if slo else None,
                             seed=seed, tool_version=tool, trial_seconds=trial_seconds, cost=priced,
-                            deploy=deploy or "both")
+                            deploy=deploy or default_deploy(chosen, profile))
         if chosen != "live":
             spec.space()  # a deploy that leaves nothing runnable is one line now, not in the first trial
         if chosen in ("simulate", "live") and calibrated:

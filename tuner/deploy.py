@@ -10,22 +10,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from tuner.engine_config import BUNDLED_METHODS
 from tuner.errors import TunerError
 from tuner.space import SearchSpace
 from tuner.spec_targets import SGLANG_ALGORITHM
 from tuner.targets import VLLM_HEADS
 
-DEPLOYS = ("sglang", "vllm", "both")
+DEPLOYS = ("sglang", "vllm", "both", "dspark")  # dspark: the bundled engine only (its own config and script)
+VLLM_METHODS = ("dspark", "dflash", "eagle3", "mtp", "draft_model", "ngram", "suffix")  # vLLM 0.33 speculative methods
 
 
 def engines(deploy: str | None) -> tuple[str, ...]:
-    """The engines a bundle is for (None: a study stored before --deploy, for both, unrestricted)."""
+    """The serving stacks a bundle has scripts for (None: a study stored before --deploy, for both, unrestricted;
+    dspark: none of them, only the bundled engine's config)."""
+    if deploy == "dspark":
+        return ()
     return ("sglang", "vllm") if deploy in (None, "both") else (deploy,)
 
 
 def check(deploy: str) -> str:
     if deploy not in DEPLOYS:
-        raise TunerError(f"--deploy {deploy!r}: choose sglang, vllm or both")
+        raise TunerError(f"--deploy {deploy!r}: choose sglang, vllm, both or dspark (the bundled engine)")
     return deploy
 
 
@@ -37,8 +42,12 @@ def why_not(engine: str, params: dict[str, Any]) -> str | None:
     method = str(params.get("spec.method") or "dspark")
     if engine == "sglang" and method not in SGLANG_ALGORITHM:
         return f"SGLang 0.5.23 has no {method} speculative decoding"
+    if engine == "vllm" and method not in VLLM_METHODS:
+        return f"vLLM 0.33 has no {method} speculative decoding"
     if engine == "vllm" and method == "dspark" and params.get("spec.head") not in VLLM_HEADS:
         return f"vLLM 0.33 runs only the Markov DSpark head (not {params.get('spec.head')})"
+    if engine == "dspark" and method not in BUNDLED_METHODS:
+        return f"the bundled engine does not run {method} speculative decoding"
     return None
 
 
@@ -78,8 +87,12 @@ def restrict(space: SearchSpace, deploy: str | None) -> SearchSpace:
     def vllm_head(h: Any) -> bool:
         return why_not("vllm", {"spec.method": "dspark", "spec.head": h}) is None
 
+    if deploy == "dspark":
+        keep("spec.method", lambda m: why_not("dspark", {"spec.method": m}) is None, "the bundled engine cannot run")
     if "sglang" in want:
         keep("spec.method", lambda m: why_not("sglang", {"spec.method": m}) is None, "SGLang 0.5.23 cannot run")
+    if "vllm" in want:
+        keep("spec.method", lambda m: m in VLLM_METHODS, "vLLM 0.33 cannot run")
     if "vllm" in want:
         head_choices = dists["spec.head"].choices if "spec.head" in dists else (value("spec.head"),)
         if any(vllm_head(h) for h in head_choices):
@@ -91,4 +104,6 @@ def restrict(space: SearchSpace, deploy: str | None) -> SearchSpace:
 
 
 def _other(want: tuple[str, ...]) -> str:
+    if not want:  # --deploy dspark
+        return "both"
     return "sglang" if want == ("vllm",) else "vllm" if want == ("sglang",) else "sglang or --deploy vllm"

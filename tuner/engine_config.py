@@ -18,7 +18,7 @@ HF_URL = re.compile(r"^https?://huggingface\.co/([^/\s]+)/([^/\s]+)")
 SEQ_ALIGN = 256  # max_seq_len is rounded up to this many positions
 # a learned choice -> the profile's policy field, the command that trains one, the engine field that runs it
 # the speculative methods the bundled engine runs (spec.method -> its drafter.method); the others run in SGLang / vLLM
-BUNDLED_METHODS = {"dspark": "dspark", "ngram": "ngram", "suffix": "suffix"}
+BUNDLED_METHODS = {"dspark": "dspark", "ngram": "ngram", "suffix": "suffix", "hybrid": "hybrid"}
 LEARNED = (("spec.scheduler", "verify_policy", "train-policy", "policy_path"),
            ("spec.gamma_policy", "gamma_policy", "train-gamma-policy", "gamma_policy_path"))
 
@@ -65,8 +65,9 @@ def tuned_engine_config(profile: Profile, params: dict[str, Any], drafter_path: 
                         model_path: str | None = None):  # -> EngineConfig
     """The EngineConfig of a tuned parameter set: every engine parameter as tuned, the profile's model (or
     `model_path`, the checkpoint a measurement ran), a KV length that holds the workload, and when speculation is on
-    DSpark with `drafter_path` (None: the engine's own drafter for the tuned head, the tiny target's) or the
-    engine's n-gram lookup; a method the engine does not run (BUNDLED_METHODS) is one TunerError line."""
+    DSpark (or the DSpark + suffix hybrid) with `drafter_path` (None: the engine's own drafter for the tuned head,
+    the tiny target's), or the engine's n-gram lookup or suffix decoding; a method the engine does not run
+    (BUNDLED_METHODS) is one TunerError line."""
     from dspark_core.config import EngineConfig, apply_params, has_param
 
     # the drafter design (a checkpoint's property) and the serving stacks' own switches are not engine fields
@@ -78,7 +79,7 @@ def tuned_engine_config(profile: Profile, params: dict[str, Any], drafter_path: 
         raise TunerError(f"the bundled engine does not run {params.get('spec.method')} speculative decoding; "
                          f"it runs {', '.join(BUNDLED_METHODS)}")
     cfg.drafter.method = method if cfg.spec.enabled else "plain"
-    cfg.drafter.path = drafter_path if cfg.spec.enabled and method == "dspark" else None
+    cfg.drafter.path = drafter_path if cfg.spec.enabled and method in ("dspark", "hybrid") else None
     cfg.sampling.temperature = profile.workload.temperature or 0.0
     for key, path in learned_policies(profile, params).items():  # the policy files the learned choices run
         setattr(cfg.spec, key, path)

@@ -97,7 +97,7 @@ class MeasureEvaluator(Evaluator):
         from tuner.engine_config import tuned_engine_config
 
         cfg = tuned_engine_config(self.profile, params, None, model_path=str(self.path))
-        if cfg.spec.enabled:
+        if cfg.spec.enabled and cfg.drafter.method in ("dspark", "hybrid"):
             cfg.drafter.path = str(drafter_folder(cfg))
         cfg.device = self.base.device
         cfg.weights.dtype = self._dtype(params)  # type: ignore[assignment]
@@ -128,7 +128,7 @@ class MeasureEvaluator(Evaluator):
                 f"{MACHINE_SHARE:.0%} of this machine's {total_gb:g} GB")
 
     def drafter_path(self, params: dict[str, Any]) -> str | None:
-        """The DSpark drafter measured for `params` (None: speculation off)."""
+        """The DSpark drafter measured for `params` (None: speculation off, or a method without one)."""
         return self.config(params).drafter.path
 
     def evaluate(self, params: dict[str, Any], seed: int = 0) -> Evaluation:

@@ -116,6 +116,11 @@ def vllm_spec(profile: Profile, p: dict[str, Any], draft: str | None, schedule: 
                             "num_speculative_tokens": int(p["spec.block_size"])}
     if method == "dspark":
         spec["enable_adaptive_verification"] = p["spec.scheduler"] != "verify_all"
+    if method == "suffix":  # the proposal settings a measured study tuned (vllm/config/speculative.py names)
+        for key, name in (("drafter.suffix_spec_factor", "suffix_decoding_max_spec_factor"),
+                          ("drafter.suffix_min_prob", "suffix_decoding_min_token_prob")):
+            if key in p:
+                spec[name] = float(p[key])
     if schedule and method not in VLLM_NO_SCHEDULE and dp <= 1:
         spec.update(vllm_schedule(schedule))
     return spec

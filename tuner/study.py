@@ -62,7 +62,8 @@ class StudySpec(BaseModel):
     hot_trials: int = 2  # live, after the screen: trials that vary only hot settings on each newly started server
     prior: dict[str, Any] | None = None  # live: the simulated optimum of the same space, run after trial 0
     calibration: dict[str, Any] | None = None  # simulate: live trials' time scale on this hardware (scale, source)
-    deploy: Literal["sglang", "vllm", "both"] | None = None  # engines the bundle is for (None: stored before it)
+    deploy: Literal["sglang", "vllm", "both", "dspark"] | None = None  # engines the bundle is for (None: stored before
+    # it; dspark: the bundled engine only)
 
     def profile_model(self) -> Profile:
         return Profile.model_validate(self.profile)
@@ -86,12 +87,10 @@ class StudySpec(BaseModel):
         gpu_measure = self.mode == "measure" and self.profile_model().hw.arch not in (None, "cpu")
         space = space_from_plan(self.plan_model(), tune_kernels=gpu_measure)
         space.running_cap = 0 if self.mode == "live" else closed_loop_clients(self.profile_model().workload)
-        method = space.distributions.get("spec.method")
-        if self.mode == "measure" and method is not None and "dspark" in method.choices:
-            # the bundled engine measures DSpark with the drafter it finds: the other methods are priced, not run
-            del space.distributions["spec.method"]
-            space.warm_start.pop("spec.method", None)
-            space.fixed["spec.method"] = "dspark"
+        if self.mode == "measure":  # the bundled engine runs: plain, n-gram, suffix, DSpark and the hybrid
+            from tuner.bundled_methods import measured_space
+
+            return measured_space(space, self.deploy)
         from tuner.deploy import restrict
         from tuner.live.space import engine_space
 

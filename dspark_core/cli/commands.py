@@ -94,8 +94,9 @@ def bench_cmd(
     dtype: Annotated[str | None, typer.Option(help="Weight dtype: fp32, bf16, fp16, fp8, ... (default: the "
                                                    "config's; auto = fp32 on a CPU).")] = None,
     record_acceptance: Annotated[bool, typer.Option("--record-acceptance", help="Write the verify_all DSpark rows' "
-                                                    "acceptance beside their committed drafters (acceptance.json, "
-                                                    "read by `profile`).")] = False,
+                                                    "acceptance beside their committed drafters (acceptance.json), "
+                                                    "and n-gram's, suffix's and the hybrid's beside the target's "
+                                                    "assets (acceptance_methods.json); `profile` reads both.")] = False,
     compile_steps: Annotated[bool | None, typer.Option("--compile/--no-compile", help="Decode / verify steps "
                                                        "through torch.compile (default: the config's).")] = None,
     json_out: JsonFlag = False,

@@ -48,6 +48,13 @@ def _load_target(path: Path, device: str, dtype: str = "fp32") -> Any:
     return load_model(path, device, dtype)
 
 
+def target_data(*args: Any, **kwargs: Any) -> Any:
+    """`training.target_data.target_data`, imported on use (it imports torch)."""
+    from dspark_core.training.target_data import target_data as build
+
+    return build(*args, **kwargs)
+
+
 def train_root(target: Path) -> Path:
     """Where training state for a target lives in the user cache: the shared data file and one folder per head
     (`tiny` for the tiny target, else the checkpoint folder's name)."""
@@ -55,37 +62,6 @@ def train_root(target: Path) -> Path:
 
     key = "tiny" if committed_assets(str(target)) == ASSETS else target.name
     return models_dir().parent / "train-drafter" / key
-
-
-def code_prompts(target_path: Path, *, count: int, length: int, seed: int, heldout: bool) -> Any:
-    """Windows of `length` tokens from the standard library's sources: the training split of the tiny target
-    (heldout=False) or its held-out 2 % (heldout=True, used for calibration)."""
-    from dspark_core.modeling.tokenizer import Tokenizer
-    from dspark_core.training.build_tiny import is_heldout, stdlib_sources
-    from dspark_core.training.train import stdlib_prompts
-
-    tok = Tokenizer.load(target_path)
-    files = [f for f in stdlib_sources() if is_heldout(f) == heldout]
-    if not files:
-        raise DSparkError("no standard-library sources found to build prompts from; is this a full Python install?")
-    return stdlib_prompts(tok.encode, files, count, length, seed)
-
-
-def target_data(target: Any, target_path: Path, *, sequences: int, prompt_len: int, gen_len: int,
-                greedy_fraction: float, temperature: float, seed: int, heldout: bool) -> Any:
-    """Prompts continued by the target (the first greedy_fraction of rows greedy, the rest sampled)."""
-    import torch
-
-    from dspark_core.training.train import TrainData, generate_continuations
-
-    prompts = code_prompts(target_path, count=sequences, length=prompt_len, seed=seed, heldout=heldout)
-    chunks = []
-    for s in range(0, sequences, 128):
-        part = prompts[s:s + 128].to(target.device)
-        greedy_rows = min(part.shape[0], max(0, round(greedy_fraction * sequences) - s))
-        chunks.append(generate_continuations(target, part, gen_len, temperature=temperature,
-                                             greedy_rows=greedy_rows, seed=seed + s).cpu())
-    return TrainData(tokens=torch.cat(chunks), prompt_len=prompt_len)
 
 
 MASK_TOKENS = ("<|MASK|>", "<|mask|>", "<mask>", "[MASK]")  # spellings of a dedicated mask token
@@ -129,6 +105,12 @@ def train_drafter_cmd(
     greedy_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of greedy continuations.")] = 0.5,
     temperature: Annotated[float, typer.Option(min=0.0, help="Temperature of the sampled continuations.")] = 0.8,
     seed: Annotated[int, typer.Option(help="Seed for data, init and anchors.")] = 0,
+    chat_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of the sequences that are chat "
+                                                 "prompts (dspark_core/training/data/chat_prompts.yaml) answered "
+                                                 "by the target; the rest are code.")] = 0.0,
+    eval_every: Annotated[int, typer.Option(min=0, help="Steps between points of the training curve: tau at the "
+                                            "trained block on held-out code (and chat) greedy rounds, appended "
+                                            "to <state-dir>/<head>/curve.jsonl (0 = only at the end).")] = 0,
     prompt_anchors: Annotated[bool, typer.Option(help="Anchor blocks inside the prompts too (the target's "
                                                  "distribution is cached there: more data per target pass).")] = False,
     kl: Annotated[float, typer.Option(min=0.0, help="Weight of a forward-KL term to the target's top-K beside the "
@@ -154,6 +136,7 @@ def train_drafter_cmd(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from dspark_core.drafters.dspark import DraftConfig
+    from dspark_core.training.curve import CURVE_FILE, TrainingCurve, heldout_sets
     from dspark_core.training.train import (
         DATA_FILE,
         STATE_FILE,
@@ -179,6 +162,7 @@ def train_drafter_cmd(
     work.mkdir(parents=True, exist_ok=True)
     if fresh:
         (work / STATE_FILE).unlink(missing_ok=True)
+        (work / CURVE_FILE).unlink(missing_ok=True)
     mask = mask_token_id if mask_token_id is not None else default_mask_token(target)
     cfg = TrainConfig(head=head, block_size=block_size, num_layers=layers, markov_rank=rank, steps=steps,
                       batch_seqs=batch_seqs, anchors_per_seq=anchors, lr=lr, seed=seed, mask_token_id=mask,
@@ -201,17 +185,25 @@ def train_drafter_cmd(
     layers = tuple(DraftConfig.for_target(tgt.arch).target_layers)
     meta = dict(sequences=sequences, prompt_len=prompt_len, gen_len=gen_len, greedy_fraction=greedy_fraction,
                 temperature=temperature, seed=seed, target=str(target), dtype=dtype, layers=list(layers))
+    if chat_fraction:  # a key only when set: a code-only cache written before the option stays valid
+        meta["chat_fraction"] = chat_fraction
     cols = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
             TextColumn("loss {task.fields[loss]:.3f} accept {task.fields[acc]:.3f}"), TimeElapsedColumn(),
             TimeRemainingColumn())
+    held = heldout_sets(tgt, target, prompt_len=prompt_len, gen_len=min(gen_len, 64), seed=seed + 1,
+                        chat=chat_fraction > 0)  # first: a prompt length too short for chat fails before any work
     with Progress(*cols, disable=as_json, transient=False) as progress:
         cached = load_state(data_file) if data_file.is_file() else None
         if cached is not None and cached.get("meta") == meta:
             data = cached["data"]
         else:
+            if not progress.console.is_terminal:  # a start-up line in logs: this pass takes minutes
+                progress.console.print(f"target continuations: {sequences} rows of {prompt_len} + {gen_len} tokens "
+                                       f"(chat share {chat_fraction}), then the target's states")
             task = progress.add_task("target continuations", total=1, loss=float("nan"), acc=float("nan"))
             data = target_data(tgt, target, sequences=sequences, prompt_len=prompt_len, gen_len=gen_len,
-                               greedy_fraction=greedy_fraction, temperature=temperature, seed=seed, heldout=False)
+                               greedy_fraction=greedy_fraction, temperature=temperature, seed=seed, heldout=False,
+                               chat_fraction=chat_fraction)
             progress.update(task, advance=1)
             task = progress.add_task("target states", total=data.tokens.shape[0], loss=float("nan"), acc=float("nan"))
             data = cache_target(tgt, data, layers, on_batch=lambda n: progress.update(task, advance=n))
@@ -227,19 +219,23 @@ def train_drafter_cmd(
                 progress.console.print(f"train {head}: step {step}/{steps} loss {ema['loss']:.3f} "
                                        f"accept {ema['accept']:.3f}")
 
+        curve = TrainingCurve(work / CURVE_FILE, held, tgt, cfg.block_size, progress.console.print)
         deadline = time.time() + 60 * max_minutes if max_minutes > 0 else None
-        model = train_drafter(tgt, data, cfg, folder, on_step=on_step, state_dir=work, deadline=deadline)
-    held = target_data(tgt, target, sequences=32, prompt_len=prompt_len, gen_len=min(gen_len, 64),
-                       greedy_fraction=1.0, temperature=0.0, seed=seed + 1, heldout=True)
-    acc = evaluate_acceptance(model, tgt, held)
+        model = train_drafter(tgt, data, cfg, folder, on_step=on_step, state_dir=work, deadline=deadline,
+                              on_eval=curve.point, eval_every=eval_every)
+    acc = evaluate_acceptance(model, tgt, held["code"])
     params = sum(p.numel() for p in model.parameters())
     done = int(load_state(state_file)["step"]) if state_file.is_file() else steps
+    last = curve.point(done, model)
     result = {"out": str(folder), "head": head, "steps": done, "params": params,
-              "final_loss": ema.get("loss"), "heldout_position_acceptance": [round(a, 4) for a in acc]}
+              "final_loss": ema.get("loss"), "heldout_position_acceptance": [round(a, 4) for a in acc],
+              "heldout_tau": {k: v for k, v in last.items() if k.endswith("_tau")}, "curve": str(curve.path)}
     stale = [name for name in ("sts.json", "acceptance.json") if (folder / name).is_file()]
     result["stale"] = [str(folder / name) for name in stale]
     lines = [f"drafter ({head}, {params / 1e6:.2f} M params) -> {folder}",
-             "held-out teacher-forced acceptance per position: " + " ".join(f"{a:.2f}" for a in acc)]
+             "held-out teacher-forced acceptance per position: " + " ".join(f"{a:.2f}" for a in acc),
+             "held-out greedy rounds at block " + str(cfg.block_size) + ": "
+             + ", ".join(f"{k[:-4]} tau {v:.2f}" for k, v in last.items() if k.endswith("_tau"))]
     if stale:  # measured on the weights just replaced: the engine would read them as this drafter's
         lines.append(f"note: {' and '.join(stale)} in {folder} describe the previous weights; rerun `calibrate` "
                      "(and `bench --record-acceptance`) before deploying this drafter")

@@ -73,6 +73,16 @@ class Proposal:
 
 
 @dataclass
+class ProposerCount:
+    """What one proposer of a drafter that combines several (the hybrid) drafted, and how it fared."""
+
+    drafts: int = 0  # request rounds it drafted
+    proposed: int = 0  # draft tokens it proposed
+    verified: int = 0  # of them, verified
+    accepted: int = 0  # of them, accepted
+
+
+@dataclass
 class RoundResult:
     """The outcome of one round for one request (what `update` and `observe` receive)."""
 

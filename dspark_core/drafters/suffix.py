@@ -13,7 +13,8 @@ Inference), written for this engine on `suffix_tree.SuffixTree`:
   the larger expected accepted length (the sum of the running products) proposes.
 vLLM's defaults: depth 24, spec factor 1.0, min probability 0.1 (vllm/config/speculative.py, 0.32).
 Deterministic (a point-mass draft), so verification stays lossless under sampling. `confidence` carries each
-token's frequency ratio, the estimate a scheduler or the hybrid drafter can weigh.
+token's P(accepted | the ones before were): the frequency ratio mapped to measured acceptance by
+`drafter.suffix_calibration` (suffix_calibration.py), else the raw ratio; a scheduler or the hybrid weighs it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult
+from dspark_core.drafters.suffix_calibration import SuffixCalibration
 from dspark_core.drafters.suffix_tree import SuffixTree, expected_accepted
 
 
@@ -36,6 +38,17 @@ class _Slot:
     tokens: list[int] = field(default_factory=list)  # prompt + committed output, as the tree holds them
     prompt_len: int = 0  # tokens of the prompt at the start of `tokens`
     dropped: int = 0  # start positions taken out of the tree (it indexes the last `window` starts)
+
+
+@dataclass
+class Draft:
+    """One tree's proposal for one request."""
+
+    tokens: list[int]  # the drafted continuation
+    probs: list[float]  # P(token k accepted | the ones before were): calibrated, else the raw ratios
+    ratios: list[float]  # the tree's frequency ratios kid.count / node.cont
+    supports: list[int]  # each ratio's node.cont
+    match: int  # length of the matched context suffix
 
 
 @dataclass
@@ -52,8 +65,9 @@ class SuffixDrafter(Drafter):
     name = "suffix"
 
     def __init__(self, depth: int = 24, spec_factor: float = 1.0, min_prob: float = 0.1,
-                 cache_tokens: int = 8192, window: int = 4096) -> None:
+                 cache_tokens: int = 8192, window: int = 4096, calibration: SuffixCalibration | None = None) -> None:
         self.depth, self.spec_factor, self.min_prob = depth, spec_factor, min_prob
+        self.calibration = calibration  # maps the frequency ratios to measured acceptance (None: the raw ratios)
         self.window = max(window, depth)  # substrings starting in the last `window` tokens of a request are indexed
         self.cache_tokens = cache_tokens  # finished-output tokens the global tree keeps (0 = no global tree)
         self.glob = SuffixTree(depth)
@@ -86,36 +100,46 @@ class SuffixDrafter(Drafter):
         self._extend(s, r.tokens[len(s.tokens):])
         return s
 
-    def _best(self, context: list[int], gamma: int, trees: list[SuffixTree]) -> tuple[list[int], list[float], int]:
-        """The draft with the larger expected accepted length among the trees, its ratios, and the tree index."""
-        best: tuple[list[int], list[float], int] = ([], [], -1)
+    def draft(self, context: list[int], gamma: int, tree: SuffixTree) -> Draft | None:
+        """The tree's draft for `context`: the longest matched suffix's most frequent continuation (None: no match)."""
+        found = tree.match(context, max(1, self.depth - gamma))  # leave the tree depth for a full block
+        if found is None:
+            return None
+        node, k = found
+        limit = min(gamma, max(1, math.ceil(self.spec_factor * k)))
+        toks, ratios, supports = tree.follow(node, limit, self.min_prob)
+        if not toks:
+            return None
+        probs = self.calibration.probs(ratios, supports, k) if self.calibration else ratios
+        return Draft(toks, probs, ratios, supports, k)
+
+    def _best(self, context: list[int], gamma: int, trees: list[SuffixTree]) -> tuple[Draft | None, int]:
+        """The draft with the larger expected accepted length among the trees, and the tree's index (-1: none)."""
+        best: tuple[Draft | None, int] = (None, -1)
         best_score = 0.0
         for i, tree in enumerate(trees):
-            found = tree.match(context, max(1, self.depth - gamma))  # leave the tree depth for a full block
-            if found is None:
-                continue
-            node, k = found
-            limit = min(gamma, max(1, math.ceil(self.spec_factor * k)))
-            toks, probs = tree.follow(node, limit, self.min_prob)
-            score = expected_accepted(probs)
-            if toks and score > best_score:
-                best, best_score = (toks, probs, i), score
+            d = self.draft(context, gamma, tree)
+            if d is not None and (score := expected_accepted(d.probs)) > best_score:
+                best, best_score = (d, i), score
         return best
+
+    def best_draft(self, r: DraftRequest) -> tuple[Draft | None, int]:
+        """The request's tree synced to its tokens, then the better draft of its tree and the global one, and
+        which (0 = its own, 1 = global, -1 = none)."""
+        s = self._sync(r)
+        if r.gamma <= 0:
+            return None, -1
+        return self._best(s.tokens, r.gamma, [s.tree] + ([self.glob] if self._cached else []))
 
     def propose(self, requests: list[DraftRequest]) -> Proposal:
         drafts: list[tuple[list[int], list[float]]] = []
         for r in requests:
-            s = self._sync(r)
-            if r.gamma <= 0:
-                drafts.append(([], []))
-                continue
-            trees = [s.tree] + ([self.glob] if self._cached else [])
-            toks, probs, which = self._best(s.tokens, r.gamma, trees)
+            d, which = self.best_draft(r)
             if which == 0:
                 self.stats.from_request += 1
             elif which == 1:
                 self.stats.from_global += 1
-            drafts.append((toks, probs))
+            drafts.append((d.tokens, d.probs) if d is not None else ([], []))
         g = max((len(d) for d, _ in drafts), default=0)
         tokens = torch.zeros(len(requests), g, dtype=torch.long)
         conf = torch.full((len(requests), g), 1e-3)
@@ -154,8 +178,25 @@ class SuffixDrafter(Drafter):
             self._cached_tokens -= len(old)
 
 
+def suffix_calibration(config) -> SuffixCalibration | None:  # noqa: ANN001 - EngineConfig
+    """`drafter.suffix_calibration`: a file, `none`, or `auto` (the target's committed file when it has one)."""
+    from pathlib import Path
+
+    from dspark_core.config import committed_assets
+    from dspark_core.drafters.suffix_calibration import FILE, load_calibration
+
+    choice = config.drafter.suffix_calibration
+    if choice == "none":
+        return None
+    if choice == "auto":
+        assets = committed_assets(config.model.path)
+        path = assets / FILE if assets is not None else None
+        return load_calibration(path) if path is not None and path.is_file() else None
+    return load_calibration(Path(choice))
+
+
 def build_drafter(config, target) -> SuffixDrafter:  # noqa: ANN001 - EngineConfig, LeanModel
-    """Registry entry: tree depth, spec factor, probability floor and global cache from `config.drafter`."""
-    d = config.drafter
-    return SuffixDrafter(d.suffix_depth, d.suffix_spec_factor, d.suffix_min_prob, d.suffix_cache_tokens,
-                         d.suffix_window)
+    """Registry entry: tree depth, spec factor, probability floor, global cache and calibration from
+    `config.drafter`."""
+    return SuffixDrafter(config.drafter.suffix_depth, config.drafter.suffix_spec_factor, config.drafter.suffix_min_prob,
+                         config.drafter.suffix_cache_tokens, config.drafter.suffix_window, suffix_calibration(config))

@@ -107,11 +107,13 @@ class SuffixTree:
         return None
 
     @staticmethod
-    def follow(node: Node, limit: int, min_prob: float) -> tuple[list[int], list[float]]:
+    def follow(node: Node, limit: int, min_prob: float) -> tuple[list[int], list[float], list[int]]:
         """Up to `limit` tokens of the most frequent continuation from `node` (ties: the smaller token id), each
-        with its conditional probability kid.count / node.cont, while the running product stays >= min_prob."""
+        with its conditional probability kid.count / node.cont and that ratio's support node.cont, while the
+        running product stays >= min_prob."""
         toks: list[int] = []
         probs: list[float] = []
+        supports: list[int] = []
         joint = 1.0
         while len(toks) < limit and node.kids and node.cont > 0:
             tok, kid = max(node.kids.items(), key=lambda kv: (kv[1].count, -kv[0]))
@@ -121,8 +123,9 @@ class SuffixTree:
             joint *= p
             toks.append(tok)
             probs.append(p)
+            supports.append(node.cont)
             node = kid
-        return toks, probs
+        return toks, probs, supports
 
 
 def expected_accepted(probs: Sequence[float]) -> float:

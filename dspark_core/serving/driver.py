@@ -206,7 +206,8 @@ class Driver:
                                      block if eng.gamma_cap is None else min(block, eng.gamma_cap),
                                      self.batcher.switches if self.batcher else 0,
                                      sps((st.verify_tokens - self._verified) // steps) if sps and steps else None,
-                                     eng.admit_cap if eng.admit_cap is not None else eng.config.batch.max_requests)
+                                     eng.admit_cap if eng.admit_cap is not None else eng.config.batch.max_requests,
+                                     getattr(eng.drafter, "proposers", None))
         self._steps, self._verified = st.steps, st.verify_tokens
 
     def _take(self, block: bool, timeout: float = 0.05) -> None:

@@ -7,7 +7,8 @@ end latency, admission rejections, and the speculative counters (drafts, drafted
 accepted per position). SGLang's DSpark gauges keep its names (tau and the verify window of the last step). DSpark's
 own signals are `dspark:*`: drafter against verify time, the SPS table at the current load, the engine-wide block
 length, tokens the drafter proposed (the scheduler verifies a prefix of them), the attempts behind each position's
-acceptance, target forwards and the tokens they verified."""
+acceptance, target forwards and the tokens they verified, and, for the hybrid drafter, each proposer's drafts and
+tokens (`dspark:spec_decode_proposer_*{proposer=suffix|dspark}`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from dspark_core.drafters.base import ProposerCount
 from dspark_core.stats import GenStats
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -107,6 +109,13 @@ class Metrics:
                                 registry=r).labels(*lv)
         self.sps = Gauge("dspark:sps", "Target steps per second the SPS table gives at the last step's verify tokens.",
                          names, registry=r).labels(*lv)
+        self._by = {key: Counter(f"dspark:spec_decode_proposer_{key}", help_, names + ["proposer"], registry=r)
+                    for key, help_ in (("drafts", "Request rounds each proposer of a combined drafter (the hybrid: "
+                                        "suffix, dspark) drafted."),
+                                       ("draft_tokens", "Draft tokens each proposer proposed."),
+                                       ("verified_tokens", "Of each proposer's draft tokens, those verified."),
+                                       ("accepted_tokens", "Of each proposer's draft tokens, those accepted."))}
+        self._seen_by: dict[str, tuple[int, int, int, int]] = {}
         self._seen = _Seen()
 
     def finished(self, reason: str, ttft_s: float | None, latency_s: float | None, tokens: int) -> None:
@@ -127,8 +136,16 @@ class Metrics:
         self._info.labels(*self._lv, *(info[k] for k in self._info_keys)).set(1)
 
     def engine_step(self, stats: GenStats, running: int, waiting: int, block: int = 0, switches: int = 0,
-                    sps: float | None = None, cap: int | None = None) -> None:
-        """Add what the engine counted since the previous call."""
+                    sps: float | None = None, cap: int | None = None,
+                    proposers: dict[str, ProposerCount] | None = None) -> None:
+        """Add what the engine counted since the previous call (and a combined drafter's per-proposer counts)."""
+        for name, c in (proposers or {}).items():
+            now = (c.drafts, c.proposed, c.verified, c.accepted)
+            was = self._seen_by.get(name, (0, 0, 0, 0))
+            for key, n, m in zip(("drafts", "draft_tokens", "verified_tokens", "accepted_tokens"), now, was,
+                                 strict=True):
+                self._by[key].labels(*self._lv, name).inc(max(0, n - m))
+            self._seen_by[name] = now
         s = self._seen
         self.steps.inc(stats.steps - s.steps)
         self.verify_tokens.inc(stats.verify_tokens - s.verify_tokens)

@@ -220,10 +220,13 @@ def build_model(cfg: TrainConfig, target: LeanModel) -> DSparkDraftModel:
 
 def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Path,
                   on_step: Callable[[int, dict[str, float]], None] | None = None,
-                  state_dir: Path | None = None, deadline: float | None = None) -> DSparkDraftModel:
+                  state_dir: Path | None = None, deadline: float | None = None,
+                  on_eval: Callable[[int, DSparkDraftModel], None] | None = None,
+                  eval_every: int = 0) -> DSparkDraftModel:
     """Train (or resume) a drafter; the final drafter (fp16) goes to `out`, resumable checkpoints to
     `state_dir` (default `out`). With `deadline` (a time.time() value) training stops after the step that
-    crosses it, checkpoints, and saves the drafter as it is (a rerun continues the schedule)."""
+    crosses it, checkpoints, and saves the drafter as it is (a rerun continues the schedule). `on_eval(step,
+    model)` runs every `eval_every` steps (the model in eval mode): the training curve."""
     out.mkdir(parents=True, exist_ok=True)
     state_dir = state_dir or out
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -276,6 +279,10 @@ def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Pat
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps or late:
             _save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
                           "generator": gen.get_state(), "config": asdict(cfg)}, state_path)
+        if on_eval and eval_every and (step + 1) % eval_every == 0:
+            model.eval()
+            on_eval(step + 1, model)
+            model.train()
         if late:
             break
     model.eval()

@@ -3,11 +3,13 @@ outputs token-identical to plain decoding with both proposers used, and sampled 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from conftest import engine_config, random_drafter, random_model, sampled_second_token_tv
 
-from dspark_core.drafters.base import Proposal
+from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult
 from dspark_core.drafters.hybrid import HybridDrafter, _expected
 from dspark_core.drafters.suffix import SuffixDrafter
 from dspark_core.drafters.suffix_tree import expected_accepted
@@ -35,10 +37,39 @@ def test_hybrid_greedy_is_token_identical_to_plain_and_uses_both(block: int, tin
     eng = Engine(engine_config(block=block, max_requests=2, method="hybrid"), target=tiny_target,
                  tokenizer=tiny_tokenizer)
     assert isinstance(eng.drafter, HybridDrafter)
+    accepted = drafts = 0
     for _ in range(2):  # the second pass can also draft from the first pass's outputs
         gen = eng.generate(PROMPTS, sp)
         assert [o.token_ids for o in gen.outputs] == [o.token_ids for o in plain.outputs]
-    assert eng.drafter.stats.suffix > 0 and eng.drafter.stats.model > 0, eng.drafter.stats
+        accepted, drafts = accepted + gen.stats.accepted, drafts + gen.stats.drafts
+    took = eng.drafter.proposers
+    assert took["suffix"].drafts > 0 and took["dspark"].drafts > 0, took
+    assert all(0 <= c.accepted <= c.verified <= c.proposed for c in took.values()), took
+    assert sum(c.accepted for c in took.values()) == accepted  # every accepted token is one proposer's
+    assert sum(c.drafts for c in took.values()) == drafts
+
+
+def test_metrics_count_each_proposer() -> None:
+    """/metrics: `dspark:spec_decode_proposer_*{proposer}` grow by what each proposer did since the last step."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from dspark_core.drafters.base import ProposerCount
+    from dspark_core.serving.metrics import Metrics
+    from dspark_core.stats import GenStats
+
+    m = Metrics("target")
+    took = {"suffix": ProposerCount(3, 20, 18, 12), "dspark": ProposerCount(1, 8, 8, 2)}
+    m.engine_step(GenStats(), 1, 0, proposers=took)
+    took["suffix"].drafts, took["suffix"].accepted = 5, 15
+    m.engine_step(GenStats(), 1, 0, proposers=took)
+    got = {(s.name, s.labels["proposer"]): s.value for fam in text_string_to_metric_families(
+        generate_latest(m.registry).decode()) for s in fam.samples
+        if "proposer" in s.labels and s.name.endswith("_total")}
+    assert got[("dspark:spec_decode_proposer_drafts_total", "suffix")] == 5
+    assert got[("dspark:spec_decode_proposer_accepted_tokens_total", "suffix")] == 15
+    assert got[("dspark:spec_decode_proposer_verified_tokens_total", "dspark")] == 8
+    assert got[("dspark:spec_decode_proposer_draft_tokens_total", "dspark")] == 8
 
 
 def test_hybrid_sampled_output_follows_the_target() -> None:
@@ -46,5 +77,49 @@ def test_hybrid_sampled_output_follows_the_target() -> None:
     drafter = HybridDrafter(random_drafter(target, block=3), SuffixDrafter(min_prob=0.0))
     tv, gen = sampled_second_token_tv(target, drafter, "hybrid", [1, 2, 3, 1, 2, 3, 1, 2], 1200)
     assert tv < 0.05
-    assert drafter.stats.suffix > 0 and drafter.stats.model > 0, drafter.stats
+    assert drafter.proposers["suffix"].drafts > 0 and drafter.proposers["dspark"].drafts > 0, drafter.proposers
     assert gen.stats.verified > 0 and gen.stats.accepted < gen.stats.verified
+
+
+class _SlowModel(Drafter):
+    """A model drafter whose forward takes `cost_s` and whose drafts the test accepts or rejects."""
+
+    def __init__(self, cost_s: float) -> None:
+        self.cost_s, self.calls = cost_s, 0
+
+    def reset(self, slot: int, prompt: list[int], hidden: torch.Tensor | None) -> None:
+        return None
+
+    def propose(self, requests: list[DraftRequest]) -> Proposal:
+        if any(r.gamma > 0 for r in requests):
+            self.calls += 1
+            time.sleep(self.cost_s)
+        g = max(r.gamma for r in requests)
+        return Proposal(torch.zeros(len(requests), g, dtype=torch.long), [r.gamma for r in requests],
+                        confidence=torch.full((len(requests), g), 0.9))
+
+    def update(self, results: list[RoundResult]) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("accepted", "keeps_calling"), [(0, False), (3, True)])
+def test_the_model_drafts_only_while_it_pays_for_its_forward(accepted: int, keeps_calling: bool) -> None:
+    """Suffix has nothing to copy; a model whose drafts are all rejected and whose forward costs about a round is
+    soon left out, one whose drafts hold is kept."""
+    model = _SlowModel(0.004)
+    hybrid = HybridDrafter(model, SuffixDrafter())
+    hybrid.reset(0, [1, 2, 3, 4], None)
+    tokens = [1, 2, 3, 4]
+    for i in range(80):
+        req = DraftRequest(slot=0, tokens=tokens, gamma=4, sampling=SamplingParams(), prompt_len=4)
+        p = hybrid.propose([req])
+        time.sleep(0.004)  # the target's verify forward
+        new = list(range(100 + 10 * i, 101 + 10 * i + min(accepted, p.num[0])))
+        tokens = tokens + new  # never repeats: suffix finds no match
+        hybrid.update([RoundResult(slot=0, proposed=p.num[0], verified=p.num[0], accepted=min(accepted, p.num[0]),
+                                   new_tokens=new)])
+        if i == 39:
+            calls_first_half = model.calls
+    late = model.calls - calls_first_half
+    # left out: at most one probe (every 64 rounds without it)
+    assert (late == 40) if keeps_calling else (late <= 1), (calls_first_half, late, hybrid.gain, hybrid.cost.share())

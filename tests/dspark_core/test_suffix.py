@@ -62,8 +62,9 @@ def test_proposal_rule() -> None:
     t.append([1, 2, 3, 4, 9, 1, 2, 3, 4, 9, 1, 2, 3, 5, 1, 2, 3])  # "1 2 3" -> 4 twice, 5 once
     node, k = t.match([1, 2, 3], 7)
     assert k == 3
-    toks, probs = SuffixTree.follow(node, 4, 0.1)
+    toks, probs, supports = SuffixTree.follow(node, 4, 0.1)
     assert toks == [4, 9, 1, 2] and probs[0] == pytest.approx(2 / 3)
+    assert supports == [3, 2, 2, 2]  # "1 2 3" continued 3 times, then "1 2 3 4" twice, ...
     assert SuffixTree.follow(node, 4, 0.7)[0] == []  # 2/3 is below the floor
     assert SuffixTree.follow(node, 1, 0.1)[0] == [4]  # the limit
     assert t.match([6, 6], 7) is None  # nothing seen

@@ -39,12 +39,15 @@ PAIRS: dict[str, tuple[Any, Any]] = {
     "fusion.allreduce_rmsnorm": (False, True), "fusion.qk_norm_rope": (False, True),
     "fusion.rope_kvcache": (False, True), "fusion.rope_kvcache_mla": (False, True),
     "fusion.mla_dual_rmsnorm": (False, True),
+    "drafter.suffix_spec_factor": (1.0, 8.0), "drafter.suffix_min_prob": (0.1, 0.02),
 }
 # scheduler-specific knobs are only read by the scheduler that uses them
 # (and the static fraction only once the KV pool, not the 16 clients, limits the running requests: at 0.2 of one
 # H100 Qwen3-8B's bf16 weights leave ~5k KV tokens of its 80 GiB)
 CONTEXT = {"spec.confidence_threshold": {"spec.scheduler": "threshold"},
-           "memory.fraction_static": {"parallel.tp": 1, "batch.max_requests": 16}}
+           "memory.fraction_static": {"parallel.tp": 1, "batch.max_requests": 16},
+           "drafter.suffix_spec_factor": {"spec.method": "suffix"},
+           "drafter.suffix_min_prob": {"spec.method": "suffix"}}
 
 
 def _with(name: str, value: Any) -> dict[str, Any]:

@@ -79,14 +79,32 @@ def test_mtp_needs_the_module_in_the_target(evaluator):
     assert not e.feasible and "MTP" in e.why
 
 
-def test_a_measured_study_keeps_dspark_the_bundled_engine_runs():
+def test_a_measured_study_searches_what_the_bundled_engine_runs():
+    """plain (spec.enabled false), n-gram, suffix, DSpark and the hybrid; never a method only SGLang / vLLM run; and
+    suffix's two settings where suffix can be drawn."""
     from tuner.study import StudySpec
 
     prof = _profile(**DSPARK)
     plan = match_profile([], prof)
-    spec = StudySpec(profile=prof.model_dump(mode="json"), plan=plan.model_dump(mode="json"), mode="measure")
+    spec = StudySpec(profile=prof.model_dump(mode="json"), plan=plan.model_dump(mode="json"), mode="measure",
+                     deploy="dspark")
     space = spec.space()
-    assert "spec.method" not in space.distributions and space.fixed["spec.method"] == "dspark"
+    assert set(space.distributions["spec.method"].choices) == {"dspark", "ngram", "suffix", "hybrid"}
+    assert set(space.distributions["spec.enabled"].choices) == {True, False}
+    assert {"drafter.suffix_spec_factor", "drafter.suffix_min_prob"} <= set(space.distributions)
+    both = StudySpec(profile=prof.model_dump(mode="json"), plan=plan.model_dump(mode="json"), mode="measure",
+                     deploy="both").space()  # what SGLang and vLLM also run: no suffix (SGLang), no hybrid
+    assert set(both.distributions["spec.method"].choices) == {"dspark", "ngram"}
+    simulated = StudySpec(profile=prof.model_dump(mode="json"), plan=plan.model_dump(mode="json")).space()
+    assert "hybrid" not in simulated.distributions["spec.method"].choices  # the simulator does not price it
+
+
+def test_a_cpu_measured_study_defaults_to_the_bundled_engine():
+    from tuner.commands_tune import default_deploy
+
+    cpu = _profile(**DSPARK).model_copy(update={"hw": _profile().hw.model_copy(update={"arch": "cpu"})})
+    assert default_deploy("measure", cpu) == "dspark"
+    assert default_deploy("simulate", cpu) == "both" and default_deploy("measure", _profile()) == "both"
 
 
 @pytest.mark.parametrize("model, method, algorithm", [("llama-3.1-70b", "ngram", "NGRAM"),

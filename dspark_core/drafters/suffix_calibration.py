@@ -1,0 +1,77 @@
+"""Suffix decoding's frequency ratios mapped to measured acceptance (issue 42: one scale for the hybrid).
+
+A suffix tree's ratio kid.count / node.cont is an estimate of P(next token) from a handful of occurrences: 1/1 and
+50/50 are both 1.0, and neither is what the target does. The hybrid drafter compares suffix's expected accepted
+length with DSpark's, whose confidences are STS-calibrated on measured rounds, so suffix's must be calibrated too.
+A logistic model over each drafted token's ratio, its support (node.cont), the match length and the position gives
+P(token k is accepted | the tokens before it were), fitted on offline greedy rounds (training/suffix_fit.py,
+`python cli.py calibrate-suffix`). The file keeps the fitted weights beside the rows' provenance and the error on
+rows it was not fitted on.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dspark_core.errors import DSparkError
+
+FILE = "suffix_calibration.json"  # shipped beside a target's committed assets
+FEATURES = ("bias", "logit_ratio", "log_support", "log_match", "position")  # one value each per drafted token
+MAX_BYTES = 1 << 20  # a calibration file is a few KB
+
+
+def features(ratio: float, support: int, match: int, k: int) -> list[float]:
+    """The model's inputs for drafted token k (0-based) of a draft that followed a `match`-token suffix."""
+    r = min(max(ratio, 1e-3), 1 - 1e-3)
+    return [1.0, math.log(r / (1 - r)), math.log1p(support), math.log1p(match), float(k)]
+
+
+class SuffixCalibration(BaseModel):
+    """Weights of the logistic model, and what they were fitted on and how well they hold elsewhere."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    features: list[str] = Field(min_length=len(FEATURES), max_length=len(FEATURES))  # FEATURES, in order
+    weights: list[float] = Field(min_length=len(FEATURES), max_length=len(FEATURES))  # one per feature
+    fitted_on: dict[str, Any] = Field(default_factory=dict)  # the rows: target, prompts, drafter settings, counts
+    heldout: dict[str, Any] = Field(default_factory=dict)  # errors on rows not fitted on (raw ratio vs calibrated)
+
+    def prob(self, ratio: float, support: int, match: int, k: int) -> float:
+        """P(accepted | the tokens before were) of one drafted token."""
+        z = sum(w * x for w, x in zip(self.weights, features(ratio, support, match, k), strict=True))
+        return 1.0 / (1.0 + math.exp(-max(min(z, 40.0), -40.0)))
+
+    def probs(self, ratios: list[float], supports: list[int], match: int) -> list[float]:
+        """Calibrated probabilities of a whole draft."""
+        return [self.prob(r, s, match, k) for k, (r, s) in enumerate(zip(ratios, supports, strict=True))]
+
+    def save(self, path: Path) -> None:
+        from dspark_core.atomic import atomic_write_text
+
+        atomic_write_text(path, self.model_dump_json(indent=2) + "\n")
+
+
+def load_calibration(path: Path) -> SuffixCalibration:
+    """Read and check a calibration file; any problem is one DSparkError line naming the file."""
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise DSparkError(f"{path}: {path.stat().st_size} bytes is too large for a suffix calibration "
+                              f"(at most {MAX_BYTES}); is it the right file?")
+        cal = SuffixCalibration.model_validate_json(path.read_bytes())
+    except OSError as e:
+        raise DSparkError(f"{path}: cannot read the suffix calibration ({e.strerror}); check drafter.suffix_calibration"
+                          ) from None
+    except ValueError as e:  # pydantic's ValidationError
+        first = str(e).splitlines()[1:3]
+        raise DSparkError(f"{path}: not a suffix calibration ({' '.join(s.strip() for s in first)}); rerun "
+                          "`python cli.py calibrate-suffix`") from None
+    if tuple(cal.features) != FEATURES:
+        raise DSparkError(f"{path}: features {cal.features} are not this version's {list(FEATURES)}; rerun "
+                          "`python cli.py calibrate-suffix`")
+    if not all(math.isfinite(w) for w in cal.weights):
+        raise DSparkError(f"{path}: a weight is not finite; rerun `python cli.py calibrate-suffix`")
+    return cal

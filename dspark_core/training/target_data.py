@@ -1,0 +1,86 @@
+"""The training and held-out data of a drafter: prompts continued by the target itself.
+
+Code rows are windows of the standard library's sources; chat rows (`chat_fraction` of them) are ChatML prompts
+from `chat_prompts.py`. Every row has the same length, prompt_len + gen_len: a chat prompt is shorter than
+`prompt_len`, so the target writes more of its row, and every position from prompt_len - 1 on is target-written in
+both kinds (the anchors of `train.train_drafter` without prompt anchors).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from dspark_core.errors import DSparkError
+from dspark_core.training.train import TrainData, generate_continuations
+
+if TYPE_CHECKING:
+    from dspark_core.modeling.model import LeanModel
+
+CHUNK = 128  # rows generated together
+
+
+def code_prompts(target_path: Path, *, count: int, length: int, seed: int, heldout: bool) -> torch.Tensor:
+    """Windows of `length` tokens from the standard library's sources: the training split (heldout=False) or its
+    held-out 2 % (heldout=True, for calibration and the training curve) -> [count, length]."""
+    from dspark_core.modeling.tokenizer import Tokenizer
+    from dspark_core.training.build_tiny import is_heldout, stdlib_sources
+    from dspark_core.training.train import stdlib_prompts
+
+    tok = Tokenizer.load(target_path)
+    files = [f for f in stdlib_sources() if is_heldout(f) == heldout]
+    if not files:
+        raise DSparkError("no standard-library sources found to build prompts from; is this a full Python install?")
+    return stdlib_prompts(tok.encode, files, count, length, seed)
+
+
+def _continue(target: LeanModel, prompts: torch.Tensor, new_tokens: int, greedy_fraction: float,
+              temperature: float, seed: int) -> torch.Tensor:
+    """[S, P] -> [S, P + new_tokens], CHUNK rows at a time; the first greedy_fraction of the rows greedy."""
+    s = prompts.shape[0]
+    greedy = round(greedy_fraction * s)
+    chunks = []
+    for start in range(0, s, CHUNK):
+        part = prompts[start:start + CHUNK].to(target.device)
+        rows = min(part.shape[0], max(0, greedy - start))
+        chunks.append(generate_continuations(target, part, new_tokens, temperature=temperature, greedy_rows=rows,
+                                             seed=seed + start).cpu())
+    return torch.cat(chunks)
+
+
+def target_data(target: LeanModel, target_path: Path, *, sequences: int, prompt_len: int, gen_len: int,
+                greedy_fraction: float, temperature: float, seed: int, heldout: bool,
+                chat_fraction: float = 0.0) -> TrainData:
+    """`sequences` rows of prompt_len + gen_len tokens, continued by the target: code rows, then chat rows."""
+    return target_rows(target, target_path, sequences=sequences, prompt_len=prompt_len, gen_len=gen_len,
+                       greedy_fraction=greedy_fraction, temperature=temperature, seed=seed, heldout=heldout,
+                       chat_fraction=chat_fraction)[0]
+
+
+def target_rows(target: LeanModel, target_path: Path, *, sequences: int, prompt_len: int, gen_len: int,
+                greedy_fraction: float, temperature: float, seed: int, heldout: bool,
+                chat_fraction: float = 0.0) -> tuple[TrainData, list[int]]:
+    """`target_data`, and each row's own prompt length (a chat prompt is shorter than `prompt_len`)."""
+    n_chat = round(chat_fraction * sequences)
+    rows, starts = [], []
+    if n_chat < sequences:
+        rows.append(_continue(target, code_prompts(target_path, count=sequences - n_chat, length=prompt_len,
+                                                   seed=seed, heldout=heldout), gen_len, greedy_fraction,
+                              temperature, seed))
+        starts += [prompt_len] * (sequences - n_chat)
+    if n_chat:
+        from dspark_core.modeling.tokenizer import Tokenizer
+        from dspark_core.training.chat_prompts import chat_prompts
+
+        enc = Tokenizer.load(target_path).encode
+        by_len: dict[int, list[list[int]]] = defaultdict(list)  # a batch shares its prompt length
+        for p in chat_prompts(enc, n_chat, max_len=prompt_len - 1, seed=seed, heldout=heldout):
+            by_len[len(p)].append(p)
+        for n, group in sorted(by_len.items()):
+            rows.append(_continue(target, torch.tensor(group), prompt_len + gen_len - n, greedy_fraction, temperature,
+                                  seed + 7919 * n))
+            starts += [n] * len(group)
+    return TrainData(tokens=torch.cat(rows), prompt_len=prompt_len), starts

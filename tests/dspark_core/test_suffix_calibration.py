@@ -1,0 +1,98 @@
+"""Suffix decoding's calibration (issue 42): the offline rounds are the engine's rounds, the fitted map beats the raw
+ratios on sequences it was not fitted on, the drafter reports calibrated confidences, and a bad file is one line."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from conftest import engine_config
+
+from dspark_core.drafters.suffix import SuffixDrafter, suffix_calibration
+from dspark_core.drafters.suffix_calibration import FEATURES, SuffixCalibration, load_calibration
+from dspark_core.engine import Engine
+from dspark_core.errors import DSparkError
+from dspark_core.training.suffix_fit import fit_calibration, suffix_rounds
+from dspark_core.verification.sampling import SamplingParams
+
+PROMPTS = ["import os\nimport sys\n\n\ndef main(", "for i in range(10):\n    if i % 2 == 0:\n",
+           "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+           "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n"]
+
+
+def test_offline_rounds_are_the_engines_greedy_rounds(tiny_target, tiny_tokenizer) -> None:
+    """One request at a time, fp32 greedy: the engine's accepted tokens and drafted rounds equal the offline
+    simulation over the same prompts and outputs (global tree included: finished outputs join it in order)."""
+    cfg = engine_config(block=6, max_requests=1, method="suffix")
+    eng = Engine(cfg, target=tiny_target, tokenizer=tiny_tokenizer)
+    gen = eng.generate(PROMPTS, SamplingParams(max_new_tokens=40, ignore_eos=True))
+    seqs = []
+    for prompt, out in zip(PROMPTS, gen.outputs, strict=True):
+        ids = tiny_tokenizer.encode(prompt)
+        seqs.append((ids + out.token_ids, len(ids)))
+    rows = suffix_rounds(seqs, SuffixDrafter(), gamma=6)
+    assert gen.stats.accepted > 0
+    assert sum(a for _, _, a in rows.rounds) == gen.stats.accepted
+    assert len(rows.rounds) == gen.stats.drafts
+
+
+def _repetitive(seed: int, n: int = 24) -> list[tuple[list[int], int]]:
+    """Sequences with copied spans and noise: some suffix matches hold, some do not."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        base = [rng.randrange(40) for _ in range(30)]
+        seq = list(base)
+        while len(seq) < 160:
+            if rng.random() < 0.6:
+                i = rng.randrange(len(seq) - 8)
+                seq += seq[i:i + rng.randrange(3, 9)]
+            else:
+                seq.append(rng.randrange(40))
+        out.append((seq, 30))
+    return out
+
+
+def test_the_fit_beats_the_raw_ratios_on_sequences_it_was_not_fitted_on() -> None:
+    cal = fit_calibration(_repetitive(0), SuffixDrafter(min_prob=0.0, spec_factor=8.0), gamma=8,
+                          fitted_on={"source": "test"})
+    h = cal.heldout
+    assert h["rows"] > 200 and h["sequences"] == 12
+    assert h["brier_calibrated"] < h["brier_raw"] and h["ece_calibrated"] < h["ece_raw"]
+    err_raw = abs(h["accepted_per_round_raw"] - h["accepted_per_round_measured"])
+    err_cal = abs(h["accepted_per_round_calibrated"] - h["accepted_per_round_measured"])
+    assert err_cal < err_raw
+    assert cal.features == list(FEATURES) and len(cal.weights) == len(FEATURES)
+
+
+def test_the_drafter_reports_calibrated_confidences(tmp_path: Path) -> None:
+    cal = SuffixCalibration(features=list(FEATURES), weights=[0.0, 0.0, 0.0, 0.0, -1.0])  # P falls with position
+    d = SuffixDrafter(calibration=cal)
+    seq = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
+    d.reset(0, seq, None)
+    from dspark_core.drafters.base import DraftRequest
+
+    p = d.propose([DraftRequest(slot=0, tokens=seq, gamma=3, sampling=SamplingParams(), prompt_len=len(seq))])
+    assert p.tokens[0, :3].tolist() == [3, 4, 5]
+    assert p.confidence[0, :3].tolist() == pytest.approx([cal.prob(1.0, 2, 2, k) for k in range(3)], rel=1e-5)
+    assert p.confidence[0, 0] > p.confidence[0, 2]
+
+
+def test_auto_finds_the_committed_file_and_a_bad_file_is_one_line(tmp_path: Path) -> None:
+    cfg = engine_config(method="suffix")
+    cfg.model.path = str(tmp_path)  # no committed assets: auto is the raw ratios
+    assert suffix_calibration(cfg) is None
+    bad = tmp_path / "cal.json"
+    for text, want in (("{", "not a suffix calibration"), (json.dumps({"features": ["x"] * 5, "weights": [0] * 5}),
+                                                           "features")):
+        bad.write_text(text)
+        with pytest.raises(DSparkError, match=want) as e:
+            load_calibration(bad)
+        assert "\n" not in str(e.value)
+    cfg.drafter.suffix_calibration = str(tmp_path / "missing.json")
+    with pytest.raises(DSparkError, match="cannot read"):
+        suffix_calibration(cfg)
+    cfg.drafter.suffix_calibration = "none"
+    assert suffix_calibration(cfg) is None
