@@ -19,7 +19,7 @@ import torch
 
 from dspark_core.config import HOT_SPEC, EngineConfig, SpecSection, apply_params
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult, VerifyScheduler
-from dspark_core.engine_parts import build_scheduler, install_kernel_configs, kv_dtype
+from dspark_core.engine_parts import build_scheduler, install_kernel_configs, kv_dtype, step_sizes
 from dspark_core.errors import DSparkError, EngineBusy
 from dspark_core.kernels.spec import use_triton
 from dspark_core.modeling.dtype_choice import fastest_dtype
@@ -112,8 +112,7 @@ class Engine:
         if c.compile:
             from dspark_core.modeling.compiled import attach
 
-            spec_on = c.spec.enabled and c.drafter.method != "plain"
-            attach(self.target, (1, c.spec.block_size + 1) if spec_on else (1,), c.compile_budget_s)
+            attach(self.target, step_sizes(c), c.compile_budget_s)
         if tokenizer is None and target is None:
             tokenizer = Tokenizer.load(c.model.tokenizer or c.model.path, self.target.arch.eos_ids)
         self.tokenizer = tokenizer

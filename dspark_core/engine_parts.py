@@ -45,3 +45,20 @@ def build_scheduler(config: EngineConfig, target: LeanModel) -> VerifyScheduler:
     from dspark_core.verification.verify_scheduler import build_verify_scheduler
 
     return build_verify_scheduler(config, target)
+
+
+SHORT_VERIFY = 3  # tokens per row of the compiled step for a short verify (anchor + 2 drafts): see step_sizes
+
+
+def step_sizes(config: EngineConfig) -> tuple[int, ...]:
+    """Tokens per row of the compiled step's graphs (modeling/compiled.py pads a step to the next size): 1 for
+    decoding, the block + 1 for verification, and, where a prefix / async_topk scheduler chooses the verify length,
+    a short verify of SHORT_VERIFY. A compiled step is dense, every row as long as the longest, and at 8 requests on
+    two cores a 9-token verify is compute-bound (RESULTS.md: 8 x 9 tokens cost ~4x 8 x 1), so a scheduler needs a
+    cheaper size to choose when confidences are low (verify_scheduler.EngineScheduler._dense)."""
+    spec = config.spec
+    if not spec.enabled or config.drafter.method == "plain":
+        return (1,)
+    full = spec.block_size + 1
+    short = (SHORT_VERIFY,) if spec.scheduler in ("prefix", "async_topk") and SHORT_VERIFY < full else ()
+    return (1, *short, full)

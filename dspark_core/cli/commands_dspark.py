@@ -252,6 +252,8 @@ def calibrate_cmd(
     prompt_len: Annotated[int, typer.Option(min=2, help="Prompt tokens per sequence.")] = 160,
     gen_len: Annotated[int, typer.Option(min=8, help="Greedy target tokens per sequence.")] = 64,
     seed: Annotated[int, typer.Option(help="Seed for prompts and anchors.")] = 0,
+    chat_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of held-out chat prompts beside "
+                                                 "the held-out code (a drafter trained on chat too).")] = 0.0,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "cpu",
     dtype: Annotated[str, typer.Option(help="Target precision: fp32 | bf16 (the deployment's).")] = "fp32",
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
@@ -269,11 +271,13 @@ def calibrate_cmd(
     if gen_len < model.cfg.block_size + 2:
         raise DSparkError(f"--gen-len {gen_len} is too short for the drafter's blocks of {model.cfg.block_size}")
     held = target_data(tgt, target, sequences=sequences, prompt_len=prompt_len, gen_len=gen_len,
-                       greedy_fraction=1.0, temperature=0.0, seed=seed + 100, heldout=True)
+                       greedy_fraction=1.0, temperature=0.0, seed=seed + 100, heldout=True,
+                       chat_fraction=chat_fraction)
     rounds = simulate_greedy_rounds(model, tgt, held.tokens, prompt_len, anchors_per_seq=anchors, seed=seed)
     fit = fit_sts(rounds.confidence_logits, survival_labels(rounds.accepted, rounds.gamma))
     n = int(rounds.accepted.numel())
-    cal = calibration_from_fit(fit, dataset=f"stdlib-heldout greedy rounds ({target.name})", num_samples=n)
+    what = "stdlib-heldout" + (f" + chat-heldout ({chat_fraction:g})" if chat_fraction else "")
+    cal = calibration_from_fit(fit, dataset=f"{what} greedy rounds ({target.name})", num_samples=n)
     path = out or drafter / "sts.json"
     cal.save(path)
     lines = [f"STS over {n} held-out rounds -> {path}", "pos  T       ECE before  ECE after"]

@@ -136,6 +136,36 @@ def prefix_schedule(rows: Confidences, sps: SpsTable, *, early_stop: bool = True
     return PrefixDecision(chosen, best_batch, best_tau, best)
 
 
+def padded_schedule(rows: Confidences, sps: SpsTable, sizes: Sequence[int], *, overhead_s: float = 0.0,
+                    batch_rows: int | None = None) -> PrefixDecision:
+    """Algorithm 1 for a compiled step, whose batch is dense: every row runs T tokens, T the smallest step size
+    holding the longest verify (modeling/compiled.py), and the row count is padded to `batch_rows`. The cost of a
+    round is then set by one number, the tokens per row, so the choice is over the step sizes: for each size T,
+    every request verifies min(T - 1, its drafts) tokens (the padding computes them anyway), tau* = sum_r (1 +
+    survival of those tokens), Theta = tau* / (1 / SPS(rows x T) + overhead_s); the best T wins (T = 1: a plain
+    step). Lengths depend on the confidences only, as Algorithm 1's do."""
+    survival = prefix_survival(rows)
+    n_req = len(survival)
+    if n_req == 0:
+        return PrefixDecision([], 0, 0.0, 0.0)
+    padded = max(batch_rows or n_req, n_req)
+    longest = max((len(r) for r in survival), default=0)
+    best: PrefixDecision | None = None
+    for t in sorted({1, *sizes}):
+        if t - 1 > longest and best is not None:
+            break  # nothing more to verify: a larger step only costs more
+        tokens = padded * t
+        if tokens > sps.max_batch_tokens and best is not None:
+            break
+        lengths = [min(t - 1, len(r)) for r in survival]
+        tau = sum(1.0 + sum(r[:n]) for r, n in zip(survival, lengths, strict=True))
+        theta = tau / (1.0 / sps.lookup(tokens) + overhead_s)
+        if best is None or theta > best.throughput:
+            best = PrefixDecision(lengths, tokens, tau, theta)
+    assert best is not None
+    return best
+
+
 def topk_lengths(rows: Confidences, k: int) -> list[int]:
     """Admit the k highest-survival candidates globally (ranked as above; always a per-request prefix)."""
     survival = prefix_survival(rows)

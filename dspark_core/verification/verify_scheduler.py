@@ -50,6 +50,8 @@ class EngineScheduler:
     sps: SpsTable | None = None  # the table the gamma policy prices rounds with
     classes: TokenClasses = NO_CLASSES  # token classes of the text features (the engine sets them from its tokenizer)
     explore: random.Random | None = None  # spec.gamma_policy explore: a uniform block in 0..block_size per round
+    dense_sizes: tuple[int, ...] = ()  # a compiled target's step sizes (dense rows x T): prefix / async_topk choose T
+    _prev_rows: list[list[float]] | None = field(default=None, repr=False)  # last round's confidences (dense, sampled)
     _round_start: float | None = field(default=None, repr=False)  # first gamma() call of the current round
     _batch: int | None = field(default=None, repr=False)  # verify tokens chosen this round
     _seen: dict | None = field(default=None, repr=False)  # what choose() saw, for the round log
@@ -126,14 +128,40 @@ class EngineScheduler:
             recent = [self.acceptance.get(r.slot) for r in requests]
             if isinstance(self.policy, LearnedScheduler):
                 self.policy.context = RoundContext(recent_acceptance=recent, entropy=ent)
-        lengths = self.policy.schedule(rows)
-        self._batch = sum(lengths) + len(rows)  # ragged verify batch in tokens
+        if self.dense_sizes and self.policy.name in ("prefix", "async_topk"):
+            lengths, self._batch = self._dense(requests, rows)
+        else:
+            lengths = self.policy.schedule(rows)
+            self._batch = sum(lengths) + len(rows)  # ragged verify batch in tokens
         if self.log is not None:
             self._seen = dict(running=len(rows), waiting=self.waiting, confidence=rows, entropy=ent,
                               recent_acceptance=recent, verified=list(lengths), batch_tokens=self._batch,
                               drafted=list(proposal.num), context=[len(r.tokens) for r in requests],
                               text=[text_features(r.tokens, self.classes) for r in requests])
         return lengths
+
+    def _dense(self, requests: list[DraftRequest], rows: list[list[float]]) -> tuple[list[int], int]:
+        """Verify lengths for a compiled step (schedulers.padded_schedule): the tokens per row T, then every request
+        verifies min(T - 1, its drafts). A greedy batch picks T on this round's confidences (any choice is lossless
+        under greedy verification); a sampled one on the previous round's, which the current drafts cannot
+        influence, so rejection sampling stays exact (async_topk's lag, one round; the first round verifies all)."""
+        from dspark_core.modeling.compiled import bucket
+        from dspark_core.verification.schedulers import padded_schedule
+
+        greedy = all(r.sampling.greedy for r in requests)
+        basis = rows if greedy else self._prev_rows
+        self._prev_rows = rows
+        padded = bucket(len(rows))
+        if basis is None:
+            t = max(len(r) for r in rows) + 1
+        else:
+            sps = self.policy.sps  # type: ignore[attr-defined]
+            dec = padded_schedule(basis, sps, self.dense_sizes, overhead_s=float(getattr(self.policy, "overhead_s", 0)),
+                                  batch_rows=padded)
+            t = dec.batch_tokens // padded
+        lengths = [min(t - 1, len(r)) for r in rows]
+        need = max(lengths) + 1
+        return lengths, padded * min([s for s in self.dense_sizes if s >= need] or [need])
 
     def plain_round(self, requests: list[DraftRequest]) -> None:
         """A round where nothing was drafted: the round log records it (its seconds price a plain step)."""
@@ -173,7 +201,7 @@ def ragged_rows(batch_tokens: int, rows: int) -> list[int]:
 
 
 def profile_target_sps(target: LeanModel, max_batch_tokens: int, *, rows: int = 1, context: int = 64,
-                       repeats: int = 3, affine: bool = False) -> SpsTable:
+                       repeats: int = 3, affine: bool = False, dense: tuple[int, ...] = ()) -> SpsTable:
     """Steps per second of one target forward over B verify tokens, in the round loop's shape.
 
     `rows` requests (slots with a `context`-token history each) append B tokens together, spread as evenly
@@ -183,25 +211,30 @@ def profile_target_sps(target: LeanModel, max_batch_tokens: int, *, rows: int = 
     the probes and tabulate the fit at every B from 1 to max_batch_tokens. A CPU has no tile-quantisation
     cliffs to find (step time grows linearly with the tokens), and on shared cores the raw table carries
     jitter that the prefix scheduler's early stop would mistake for a cliff. The scratch cache is thrown
-    away afterwards.
+    away afterwards. `dense` (a compiled target's step sizes): the steps run dense, every row T tokens, so the
+    probes are exactly rows x T for each size T (with `affine`, the line through them).
     """
     import torch
 
     rows = max(1, min(rows, max_batch_tokens))
+    if dense:  # the compiled step pads the rows to a power of two: probe the padded batch
+        rows = 1 << (rows - 1).bit_length()
     longest = -(-max_batch_tokens // rows)
     cache = target.new_cache(rows, context + longest + 1)
     for r in range(rows):
         target(torch.randint(1, target.arch.vocab_size, (1, context)), cache, [r])
 
     def step(b: int) -> None:
-        n_new = ragged_rows(b, rows)
+        n_new = [b // rows] * rows if dense else ragged_rows(b, rows)
         target(torch.randint(1, target.arch.vocab_size, (rows, max(n_new))), cache, list(range(rows)), n_new)
         for r in range(rows):
             cache.truncate(r, context)
         if target.device.type == "cuda":
             torch.cuda.synchronize()
 
-    if rows == 1:
+    if dense:
+        probes = sorted({rows * t for t in dense if rows * t <= max_batch_tokens} | {rows})
+    elif rows == 1:
         probes = default_probes(max_batch_tokens)
     else:
         probes = list(range(rows, max_batch_tokens + 1))
@@ -209,7 +242,8 @@ def profile_target_sps(target: LeanModel, max_batch_tokens: int, *, rows: int = 
         return profile_sps(step, probes, warmup=1, repeats=repeats, max_batch_tokens=max_batch_tokens)
     import statistics
 
-    probes = sorted({*probes[:: max(1, len(probes) // 12)], probes[-1]})  # a dozen points pin a line down
+    if not dense:
+        probes = sorted({*probes[:: max(1, len(probes) // 12)], probes[-1]})  # a dozen points pin a line down
     times: dict[int, list[float]] = {b: [] for b in probes}
     for _ in range(max(3, repeats)):  # rounds over all probes: drifting load on shared cores hits all alike
         for b in probes:
@@ -253,7 +287,7 @@ def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTabl
         max_tokens = config.batch.max_requests * (min(spec.block_size, spec.max_verify_tokens) + 1)
         sps = SpsTable.load(spec.sps_path) if spec.sps_path else \
             profile_target_sps(target, max_tokens, rows=config.batch.max_requests,
-                               affine=target.device.type == "cpu")
+                               affine=target.device.type == "cpu", dense=dense_sizes(target))
     # the round loop verifies ragged batches (model.py packs the real tokens): a batch costs sum(l_r + 1) tokens
     if spec.scheduler == "learned":
         assert sps is not None and spec.policy_path
@@ -263,4 +297,10 @@ def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTabl
     log = RoundLog(Path(spec.round_log), spec.block_size, spec.scheduler, sps) if logging and sps else None
     explore = random.Random(config.seed) if spec.gamma_policy == "explore" else None
     return EngineScheduler(policy=policy, regulator=reg, max_verify=spec.max_verify_tokens, log=log,
-                           gamma_policy=gamma_policy, sps=sps, explore=explore)
+                           gamma_policy=gamma_policy, sps=sps, explore=explore, dense_sizes=dense_sizes(target))
+
+
+def dense_sizes(target: LeanModel) -> tuple[int, ...]:
+    """The step sizes of a target whose decode / verify steps run compiled (dense rows x T), else ()."""
+    step = getattr(target, "compiled", None)
+    return tuple(step.sizes) if step is not None else ()

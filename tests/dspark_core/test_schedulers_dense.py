@@ -1,0 +1,83 @@
+"""The prefix scheduler on a compiled (dense) step: the tokens per row are chosen among the step sizes, every request
+verifies what the padding computes anyway, and a sampled batch decides on the previous round's confidences."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark_core.config import EngineConfig
+from dspark_core.drafters.base import DraftRequest, Proposal
+from dspark_core.engine_parts import step_sizes
+from dspark_core.verification.regulator import GammaRegulator, RegulatorConfig
+from dspark_core.verification.sampling import SamplingParams
+from dspark_core.verification.schedulers import padded_schedule
+from dspark_core.verification.sps import SpsTable
+from dspark_core.verification.verify_scheduler import EngineScheduler, affine_sps, make_scheduler
+
+# 8 rows on two cores (RESULTS.md): a step costs ~0.64 + 0.045 x tokens plain-step units
+LINE = affine_sps([(8, 1.0), (72, 3.9)], 72)
+
+
+def test_the_step_size_follows_the_confidences() -> None:
+    low = [[0.2] * 8 for _ in range(8)]
+    high = [[0.95] * 8 for _ in range(8)]
+    mid = [[0.9, 0.85, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1] for _ in range(8)]
+    assert padded_schedule(low, LINE, (1, 3, 9)).lengths == [0] * 8  # plain beats every verify
+    assert padded_schedule(high, LINE, (1, 3, 9)).lengths == [8] * 8
+    got = padded_schedule(mid, LINE, (1, 3, 9))
+    assert got.lengths == [2] * 8 and got.batch_tokens == 24
+    ragged = padded_schedule([[0.95] * 8, [0.95], []], LINE, (1, 3, 9), batch_rows=4)
+    # 4 padded rows: T = 3 (12 tokens, tau 5.8) beats T = 9 (36 tokens, tau 10.2 at 1.9x the cost)
+    assert ragged.lengths == [2, 1, 0] and ragged.batch_tokens == 12
+
+
+def _scheduler(sizes: tuple[int, ...]) -> EngineScheduler:
+    reg = GammaRegulator(RegulatorConfig(gamma_min=1, gamma_max=8))
+    return EngineScheduler(policy=make_scheduler("prefix", sps=LINE), regulator=reg, dense_sizes=sizes,
+                           learn_overhead=False)
+
+
+def _round(s: EngineScheduler, conf: float, sampled: bool) -> list[int]:
+    sp = SamplingParams(temperature=0.8 if sampled else 0.0)
+    reqs = [DraftRequest(slot=i, tokens=[1, 2, 3], gamma=8, sampling=sp) for i in range(8)]
+    prop = Proposal(torch.zeros(8, 8, dtype=torch.long), [8] * 8, confidence=torch.full((8, 8), conf))
+    return s.choose(reqs, prop)
+
+
+def test_a_greedy_batch_decides_now_a_sampled_one_on_the_round_before() -> None:
+    s = _scheduler((1, 3, 9))
+    assert _round(s, 0.2, sampled=False) == [0] * 8 and _round(s, 0.97, sampled=False) == [8] * 8
+    s = _scheduler((1, 3, 9))
+    assert _round(s, 0.2, sampled=True) == [8] * 8  # no round before: verify all
+    assert _round(s, 0.97, sampled=True) == [0] * 8  # decided on the low confidences of the round before
+    assert _round(s, 0.2, sampled=True) == [8] * 8
+
+
+@pytest.mark.parametrize(("scheduler", "want"), [("prefix", (1, 3, 9)), ("verify_all", (1, 9))])
+def test_the_engine_compiles_a_short_verify_where_a_scheduler_can_choose_it(scheduler: str, want: tuple) -> None:
+    cfg = EngineConfig()
+    cfg.spec.block_size, cfg.spec.scheduler, cfg.drafter.method = 8, scheduler, "suffix"
+    assert step_sizes(cfg) == want
+    cfg.spec.enabled = False
+    assert step_sizes(cfg) == (1,)
+
+
+def test_dense_probes_are_the_padded_step_shapes(tiny_target) -> None:
+    from dspark_core.verification.verify_scheduler import profile_target_sps
+
+    seen: list[tuple[int, int]] = []
+    real = tiny_target.forward
+
+    def spy(tokens, cache, slots, n_new=None, **kw):  # noqa: ANN001, ANN202 - the model's own signature
+        seen.append((len(slots), tokens.shape[1]))
+        return real(tokens, cache, slots, n_new, **kw)
+
+    tiny_target.forward = spy
+    try:
+        sps = profile_target_sps(tiny_target, 54, rows=6, affine=True, dense=(1, 3, 9), repeats=1)
+    finally:
+        del tiny_target.forward
+    timed = {s for s in seen if s[0] == 8}
+    assert timed == {(8, 1), (8, 3)}  # 6 rows padded to 8; 8 x 9 = 72 is past the 54-token budget
+    assert isinstance(sps, SpsTable) and sps.lookup(24) <= sps.lookup(8)
