@@ -2,10 +2,12 @@
 
 The bundled engine runs plain decoding, n-gram, suffix decoding, DSpark and the DSpark + suffix hybrid
 (dspark_core/drafters), so a measured study searches exactly those the deployment can run (kb/method_choice.py):
-`spec.enabled` (false = plain), `spec.method` among the runnable bundled ones plus `hybrid` where DSpark is
-runnable (suffix always is: it needs no checkpoint), and, where suffix decoding can be drawn, its two proposal
-settings at the values measured to matter (benchmarks/RESULTS.md, "Suffix decoding in the engine": vLLM's defaults
-gave 1.93x plain on held-out code, a full block from any match 2.67x).
+`spec.method` among `plain` (speculation off: `tuner.space.consistent`), the runnable bundled ones and `hybrid` where
+DSpark is runnable (suffix always is: it needs no checkpoint). One knob, so the coordinate screen (tuner/design.py)
+compares the methods from the same point instead of turning speculation off before it ever tries suffix. Where
+suffix decoding can be drawn, its two proposal settings are searched at the values measured to matter
+(benchmarks/RESULTS.md, "Suffix decoding in the engine": vLLM's defaults gave 1.93x plain on held-out code, a full
+block from any match 2.67x).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def measured_space(space: SearchSpace, deploy: str | None) -> SearchSpace:
     choices = [m for m in method.choices if m in BUNDLED_METHODS]
     if "dspark" in choices and "suffix" in choices:
         choices.append("hybrid")
+    if choices and "spec.enabled" not in fixed and "spec.enabled" not in dists:
+        choices.append("plain")
     if not choices:
         return restrict(space, deploy)  # nothing here the bundled engine runs: as planned (its trials say why)
     del dists["spec.method"]
@@ -41,8 +45,6 @@ def measured_space(space: SearchSpace, deploy: str | None) -> SearchSpace:
         dists["spec.method"] = CategoricalDistribution(choices)
     if warm.get("spec.method") not in choices:
         warm.pop("spec.method", None)
-    if "spec.enabled" not in fixed and "spec.enabled" not in dists:
-        dists["spec.enabled"] = CategoricalDistribution([True, False])
     out = restrict(SearchSpace(dists, fixed, space.defaults, warm, space.running_cap), deploy)
     left = out.distributions["spec.method"].choices if "spec.method" in out.distributions else \
         (out.fixed.get("spec.method"),)

@@ -37,9 +37,9 @@ def check(deploy: str) -> str:
 def why_not(engine: str, params: dict[str, Any]) -> str | None:
     """Why `engine` cannot run `params` (None: it can), in the words the script would use: the one place the
     engines' limits are stated (`restrict` asks it choice by choice)."""
-    if not params.get("spec.enabled", True):
-        return None
     method = str(params.get("spec.method") or "dspark")
+    if not params.get("spec.enabled", True) or method == "plain":  # speculation off: every engine runs it
+        return None
     if engine == "sglang" and method not in SGLANG_ALGORITHM:
         return f"SGLang 0.5.23 has no {method} speculative decoding"
     if engine == "vllm" and method not in VLLM_METHODS:
@@ -92,7 +92,7 @@ def restrict(space: SearchSpace, deploy: str | None) -> SearchSpace:
     if "sglang" in want:
         keep("spec.method", lambda m: why_not("sglang", {"spec.method": m}) is None, "SGLang 0.5.23 cannot run")
     if "vllm" in want:
-        keep("spec.method", lambda m: m in VLLM_METHODS, "vLLM 0.33 cannot run")
+        keep("spec.method", lambda m: m in VLLM_METHODS or m == "plain", "vLLM 0.33 cannot run")
     if "vllm" in want:
         head_choices = dists["spec.head"].choices if "spec.head" in dists else (value("spec.head"),)
         if any(vllm_head(h) for h in head_choices):

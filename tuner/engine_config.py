@@ -18,7 +18,8 @@ HF_URL = re.compile(r"^https?://huggingface\.co/([^/\s]+)/([^/\s]+)")
 SEQ_ALIGN = 256  # max_seq_len is rounded up to this many positions
 # a learned choice -> the profile's policy field, the command that trains one, the engine field that runs it
 # the speculative methods the bundled engine runs (spec.method -> its drafter.method); the others run in SGLang / vLLM
-BUNDLED_METHODS = {"dspark": "dspark", "ngram": "ngram", "suffix": "suffix", "hybrid": "hybrid"}
+BUNDLED_METHODS = {"dspark": "dspark", "ngram": "ngram", "suffix": "suffix", "hybrid": "hybrid",
+                   "plain": "plain"}  # plain: speculation off (a measured study's spec.method choice)
 LEARNED = (("spec.scheduler", "verify_policy", "train-policy", "policy_path"),
            ("spec.gamma_policy", "gamma_policy", "train-gamma-policy", "gamma_policy_path"))
 

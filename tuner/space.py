@@ -78,8 +78,11 @@ def consistent(params: dict[str, Any], running_cap: int = 0) -> dict[str, Any]:
     it), CUDA graphs for more requests than may run are captured for nothing (memory and start-up time), and a
     closed-loop workload of `running_cap` clients never runs more requests than that. The exported scripts then say
     what runs (a chunk of 10240 beside 8192 prefill tokens, graphs for 544 requests beside a cap of 256, a cap of
-    1024 for 64 clients, were all exported before)."""
+    1024 for 64 clients, were all exported before). `spec.method: plain` (a measured study's choice) is speculation
+    off."""
     out = dict(params)
+    if out.get("spec.method") == "plain":
+        out["spec.enabled"] = False
     if running_cap and int(out.get("batch.max_requests") or 0) > running_cap:
         out["batch.max_requests"] = running_cap
     tokens, chunk = int(out.get("batch.max_tokens") or 0), int(out.get("batch.chunked_prefill") or 0)

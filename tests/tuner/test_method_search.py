@@ -80,8 +80,8 @@ def test_mtp_needs_the_module_in_the_target(evaluator):
 
 
 def test_a_measured_study_searches_what_the_bundled_engine_runs():
-    """plain (spec.enabled false), n-gram, suffix, DSpark and the hybrid; never a method only SGLang / vLLM run; and
-    suffix's two settings where suffix can be drawn."""
+    """plain (speculation off), n-gram, suffix, DSpark and the hybrid, as one knob; never a method only SGLang / vLLM
+    run; and suffix's two settings where suffix can be drawn."""
     from tuner.study import StudySpec
 
     prof = _profile(**DSPARK)
@@ -89,12 +89,12 @@ def test_a_measured_study_searches_what_the_bundled_engine_runs():
     spec = StudySpec(profile=prof.model_dump(mode="json"), plan=plan.model_dump(mode="json"), mode="measure",
                      deploy="dspark")
     space = spec.space()
-    assert set(space.distributions["spec.method"].choices) == {"dspark", "ngram", "suffix", "hybrid"}
-    assert set(space.distributions["spec.enabled"].choices) == {True, False}
+    assert set(space.distributions["spec.method"].choices) == {"dspark", "ngram", "suffix", "hybrid", "plain"}
+    assert space.params_of({"spec.method": "plain"})["spec.enabled"] is False  # plain: speculation off
     assert {"drafter.suffix_spec_factor", "drafter.suffix_min_prob"} <= set(space.distributions)
     both = StudySpec(profile=prof.model_dump(mode="json"), plan=plan.model_dump(mode="json"), mode="measure",
                      deploy="both").space()  # what SGLang and vLLM also run: no suffix (SGLang), no hybrid
-    assert set(both.distributions["spec.method"].choices) == {"dspark", "ngram"}
+    assert set(both.distributions["spec.method"].choices) == {"dspark", "ngram", "plain"}
     simulated = StudySpec(profile=prof.model_dump(mode="json"), plan=plan.model_dump(mode="json")).space()
     assert "hybrid" not in simulated.distributions["spec.method"].choices  # the simulator does not price it
 
