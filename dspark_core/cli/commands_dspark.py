@@ -192,7 +192,10 @@ def train_drafter_cmd(
             TimeRemainingColumn())
     held = heldout_sets(tgt, target, prompt_len=prompt_len, gen_len=min(gen_len, 64), seed=seed + 1,
                         chat=chat_fraction > 0)  # first: a prompt length too short for chat fails before any work
-    with Progress(*cols, disable=as_json, transient=False) as progress:
+    from rich.console import Console
+
+    # the bar, the start-up line and the curve's points on stderr: stdout holds only the result (--json reads it)
+    with Progress(*cols, disable=as_json, transient=False, console=Console(stderr=True)) as progress:
         cached = load_state(data_file) if data_file.is_file() else None
         if cached is not None and cached.get("meta") == meta:
             data = cached["data"]
