@@ -93,7 +93,6 @@ def restrict(space: SearchSpace, deploy: str | None) -> SearchSpace:
         keep("spec.method", lambda m: why_not("sglang", {"spec.method": m}) is None, "SGLang 0.5.23 cannot run")
     if "vllm" in want:
         keep("spec.method", lambda m: m in VLLM_METHODS or m == "plain", "vLLM 0.33 cannot run")
-    if "vllm" in want:
         head_choices = dists["spec.head"].choices if "spec.head" in dists else (value("spec.head"),)
         if any(vllm_head(h) for h in head_choices):
             keep("spec.head", vllm_head, "vLLM 0.33 cannot run (only the Markov DSpark head)")

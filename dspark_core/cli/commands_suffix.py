@@ -43,7 +43,7 @@ def calibrate_suffix_cmd(
 
     from dspark_core.cli.commands_dspark import _emit, _load_target
     from dspark_core.config import EngineConfig, committed_assets, load_config
-    from dspark_core.drafters.suffix import SuffixDrafter
+    from dspark_core.drafters.suffix import from_config
     from dspark_core.drafters.suffix_calibration import FILE
     from dspark_core.modeling.checkpoint import checkpoint_folder
     from dspark_core.training.suffix_fit import fit_calibration
@@ -54,7 +54,8 @@ def calibrate_suffix_cmd(
     path = out or (assets / FILE if assets is not None else None)
     if path is None:
         raise DSparkError(f"--out is required for target {target}: it has no committed assets folder")
-    d = (load_config(config) if config else EngineConfig()).drafter
+    cfg = load_config(config) if config else EngineConfig()
+    d = cfg.drafter
     say = Console(stderr=True, quiet=as_json).print
     say(f"calibrate-suffix: {sequences} greedy continuations of {target} ({dtype}), chat share {chat_fraction}, "
         f"block {gamma}, depth {d.suffix_depth}, spec factor {d.suffix_spec_factor}, min prob {d.suffix_min_prob}")
@@ -68,8 +69,7 @@ def calibrate_suffix_cmd(
     order = sorted(range(sequences), key=lambda i: (i if i < n_code else i - n_code, i >= n_code))
     seqs = [(rows[i], starts[i]) for i in order]
     say("simulating suffix rounds and fitting ...")
-    drafter = SuffixDrafter(d.suffix_depth, d.suffix_spec_factor, d.suffix_min_prob, d.suffix_cache_tokens,
-                            d.suffix_window)
+    drafter = from_config(cfg)  # the raw ratios: the calibration is what this fits
     try:
         cal = fit_calibration(seqs, drafter, gamma, fitted_on={
             "target": folder.name, "dtype": dtype, "prompts": f"stdlib code windows + chat_prompts.yaml, seed {seed}",

@@ -195,8 +195,12 @@ def suffix_calibration(config) -> SuffixCalibration | None:  # noqa: ANN001 - En
     return load_calibration(Path(choice))
 
 
-def build_drafter(config, target) -> SuffixDrafter:  # noqa: ANN001 - EngineConfig, LeanModel
-    """Registry entry: tree depth, spec factor, probability floor, global cache and calibration from
-    `config.drafter`."""
+def from_config(config, calibration: SuffixCalibration | None = None) -> SuffixDrafter:  # noqa: ANN001 - EngineConfig
+    """A SuffixDrafter with `config.drafter`'s tree depth, spec factor, probability floor, global cache and window."""
     return SuffixDrafter(config.drafter.suffix_depth, config.drafter.suffix_spec_factor, config.drafter.suffix_min_prob,
-                         config.drafter.suffix_cache_tokens, config.drafter.suffix_window, suffix_calibration(config))
+                         config.drafter.suffix_cache_tokens, config.drafter.suffix_window, calibration)
+
+
+def build_drafter(config, target) -> SuffixDrafter:  # noqa: ANN001 - EngineConfig, LeanModel
+    """Registry entry: `config.drafter`'s settings and its calibration (`drafter.suffix_calibration`)."""
+    return from_config(config, suffix_calibration(config))

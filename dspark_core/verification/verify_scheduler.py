@@ -283,11 +283,12 @@ def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTabl
     gamma_policy = GammaPolicyFile.load(spec.gamma_policy_path) \
         if spec.gamma_policy == "learned" and spec.gamma_policy_path else None
     logging = spec.round_log is not None
+    dense = dense_sizes(target)  # a compiled target's step sizes: its steps run dense
     if sps is None and (spec.scheduler in ("prefix", "async_topk", "learned") or logging or gamma_policy):
         max_tokens = config.batch.max_requests * (min(spec.block_size, spec.max_verify_tokens) + 1)
         sps = SpsTable.load(spec.sps_path) if spec.sps_path else \
             profile_target_sps(target, max_tokens, rows=config.batch.max_requests,
-                               affine=target.device.type == "cpu", dense=dense_sizes(target))
+                               affine=target.device.type == "cpu", dense=dense)
     # the round loop verifies ragged batches (model.py packs the real tokens): a batch costs sum(l_r + 1) tokens
     if spec.scheduler == "learned":
         assert sps is not None and spec.policy_path
@@ -297,7 +298,7 @@ def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTabl
     log = RoundLog(Path(spec.round_log), spec.block_size, spec.scheduler, sps) if logging and sps else None
     explore = random.Random(config.seed) if spec.gamma_policy == "explore" else None
     return EngineScheduler(policy=policy, regulator=reg, max_verify=spec.max_verify_tokens, log=log,
-                           gamma_policy=gamma_policy, sps=sps, explore=explore, dense_sizes=dense_sizes(target))
+                           gamma_policy=gamma_policy, sps=sps, explore=explore, dense_sizes=dense)
 
 
 def dense_sizes(target: LeanModel) -> tuple[int, ...]:
