@@ -136,7 +136,7 @@ def train_drafter_cmd(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from dspark_core.drafters.dspark import DraftConfig
-    from dspark_core.training.curve import CURVE_FILE, TrainingCurve, heldout_sets
+    from dspark_core.training.curve import CURVE_FILE, TrainingCurve, drop_curve, heldout_sets
     from dspark_core.training.train import (
         DATA_FILE,
         STATE_FILE,
@@ -162,7 +162,7 @@ def train_drafter_cmd(
     work.mkdir(parents=True, exist_ok=True)
     if fresh:
         (work / STATE_FILE).unlink(missing_ok=True)
-        (work / CURVE_FILE).unlink(missing_ok=True)
+        drop_curve(work / CURVE_FILE)  # only a curve this command wrote
     mask = mask_token_id if mask_token_id is not None else default_mask_token(target)
     cfg = TrainConfig(head=head, block_size=block_size, num_layers=layers, markov_rank=rank, steps=steps,
                       batch_seqs=batch_seqs, anchors_per_seq=anchors, lr=lr, seed=seed, mask_token_id=mask,

@@ -37,6 +37,20 @@ def heldout_sets(target: LeanModel, target_path: Path, *, prompt_len: int, gen_l
     return sets
 
 
+def drop_curve(path: Path) -> bool:
+    """Remove a training curve for a fresh run, only when every line is a point `TrainingCurve` wrote (a step and a
+    code tau): a file of the same name that the program did not write is left alone. Whether it was removed."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        rows = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    if not all(isinstance(r, dict) and "step" in r and "code_tau" in r for r in rows):
+        return False
+    path.unlink()
+    return True
+
+
 class TrainingCurve:
     """Appends a point per call; `point` is train_drafter's `on_eval`."""
 

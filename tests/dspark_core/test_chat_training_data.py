@@ -60,3 +60,15 @@ def test_the_curve_appends_a_point_per_step_once(tiny_target, tmp_path: Path) ->
     lines = [json.loads(line) for line in (tmp_path / "curve.jsonl").read_text().splitlines()]
     assert [p["step"] for p in lines] == [10, 20]
     assert 1.0 <= first["code_tau"] <= 5.0 and len(first["chat_accept"]) == 4
+
+
+def test_a_fresh_run_drops_only_a_curve_it_wrote(tmp_path: Path) -> None:
+    from dspark_core.training.curve import drop_curve
+
+    ours, theirs = tmp_path / "curve.jsonl", tmp_path / "other" / "curve.jsonl"
+    ours.write_text(json.dumps({"step": 10, "code_tau": 1.5}) + "\n")
+    theirs.parent.mkdir()
+    theirs.write_text("my notes\n")
+    assert drop_curve(ours) and not ours.exists()
+    assert not drop_curve(theirs) and theirs.read_text() == "my notes\n"
+    assert not drop_curve(tmp_path / "missing.jsonl")
