@@ -122,9 +122,10 @@ class Engine:
 
             drafter = build_drafter(c.drafter.method, c, self.target)
         self.drafter = drafter
-        self._install(scheduler if scheduler is not None else build_scheduler(c, self.target))
-        install_kernel_configs(c, self.target.device)
         self.cache = self.target.new_cache(c.batch.max_requests, c.model.max_seq_len, dtype=kv_dtype(c, self.target))
+        self._install(scheduler if scheduler is not None else build_scheduler(c, self.target, self.cache,
+                                                                              self.hidden_layers))
+        install_kernel_configs(c, self.target.device)
         self.stats = GenStats(method=self.drafter.name if self.drafter else "plain")  # since the last reset_stats
         self._free = list(range(c.batch.max_requests - 1, -1, -1))  # free KV slots (pop from the end)
         self._waiting: deque[_Request] = deque()  # arrived, not admitted, FIFO
@@ -158,7 +159,7 @@ class Engine:
             raise EngineBusy(f"{self.num_running + self.num_waiting} requests are in flight; reconfigure between "
                               "requests")
         config = apply_params(self.config, {f"spec.{k}": v for k, v in spec.items()})
-        scheduler = build_scheduler(config, self.target)  # raises before anything changed (a missing policy file)
+        scheduler = build_scheduler(config, self.target, self.cache, self.hidden_layers)  # raises before any change
         self.config = config
         self._install(scheduler)
         return config.spec

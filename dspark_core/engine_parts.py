@@ -12,7 +12,7 @@ from dspark_core.drafters.base import VerifyAll, VerifyScheduler
 from dspark_core.errors import DSparkError
 
 if TYPE_CHECKING:
-    from dspark_core.modeling.model import LeanModel
+    from dspark_core.modeling.model import KVCache, LeanModel
 
 def kv_dtype(config: EngineConfig, target: LeanModel) -> torch.dtype:
     """The KV cache's dtype for `kv.dtype`: auto = the activations'; fp8 variants store keys and values in FP8
@@ -35,16 +35,19 @@ def install_kernel_configs(config: EngineConfig, device: torch.device) -> None:
             raise DSparkError(str(e)) from None
 
 
-def build_scheduler(config: EngineConfig, target: LeanModel) -> VerifyScheduler:
+def build_scheduler(config: EngineConfig, target: LeanModel, cache: KVCache | None = None,
+                    hidden_layers: tuple[int, ...] = ()) -> VerifyScheduler:
     """Plain `verify_all` when nothing regulates the verify length; else the engine scheduler of
-    `dspark_core.verification.verify_scheduler` (confidence ranking, adaptive gamma, the plain-decoding fallback)."""
+    `dspark_core.verification.verify_scheduler` (confidence ranking, adaptive gamma, the plain-decoding fallback).
+    `cache` / `hidden_layers`: the engine's idle KV cache and its drafter's layers, where the SPS probes run the
+    engine's own compiled steps."""
     spec = config.spec
     if spec.scheduler == "verify_all" and not spec.adaptive_gamma and spec.fallback_acceptance == 0.0 \
             and spec.round_log is None and spec.gamma_policy == "static":
         return VerifyAll()  # nothing to regulate: every request drafts and verifies the full block
     from dspark_core.verification.verify_scheduler import build_verify_scheduler
 
-    return build_verify_scheduler(config, target)
+    return build_verify_scheduler(config, target, cache=cache, hidden_layers=hidden_layers)
 
 
 SHORT_VERIFY = 3  # tokens per row of the compiled step for a short verify (anchor + 2 drafts): see step_sizes

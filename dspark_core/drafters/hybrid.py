@@ -2,12 +2,13 @@
 length (Arctic Inference's hybrid of suffix decoding and a model drafter, with DSpark as the model).
 
 * Suffix decoding proposes first (~0.2 ms a step, from the request's and the finished requests' text). DSpark is a
-  forward of its own (~6 ms a step for SmolLM2's drafter on this CPU, 20% of a decode step), so it drafts a request
-  only where it is expected to pay for itself: where suffix's expected tokens per round, 1 + E_s, fall below
-  DSpark's, (1 + A_m) / (1 + c), with A_m the tokens DSpark's drafts measured accepted per round (a running mean,
-  starting at `model_prior`, and a probe every PROBE_EVERY rounds without it) and c its forward's cost over a
-  round without it (both timed here, as running means). Arctic Inference likewise runs its model drafter only
-  where suffix's score is low; drafting both every round measured 1.58x plain against suffix alone's 2.12x.
+  forward of its own (~6 ms a step for SmolLM2's drafter on this CPU, 20% of a decode step), so it drafts only
+  where it is expected to pay for itself. With A_m the tokens DSpark's drafts measured accepted per round (a running
+  mean, starting at `model_prior`, and a probe every PROBE_EVERY rounds without it), c its forward's time over a
+  round without it and E_s suffix's expectation per request: it drafts the requests with E_s < A_m when the tokens
+  they gain, sum (A_m - E_s), beat what the forward costs the batch, c x sum (1 + E_s). At one request that is
+  1 + E_s < (1 + A_m) / (1 + c). Arctic Inference likewise runs its model drafter only where suffix's score is low;
+  drafting both every round measured 1.58x plain against suffix alone's 2.12x.
 * Expected accepted length of a draft = sum over k of P(its first k tokens all hold): DSpark's STS-calibrated
   confidences (P(token k survives | the ones before did)), suffix decoding's frequency ratios mapped to measured
   acceptance (`drafter.suffix_calibration`, suffix_calibration.py). Both are probabilities of the same event.
@@ -15,8 +16,13 @@ length (Arctic Inference's hybrid of suffix decoding and a model drafter, with D
   row is one-hot), which rejection sampling treats exactly as n-gram's.
 * `proposers` counts, per proposer, the request rounds it drafted and its proposed / verified / accepted tokens
   (`serve`'s /metrics: `dspark:spec_decode_proposer_*{proposer=...}`).
-* Both drafters see every reset, update and release: DSpark's per-slot state is written from the target's hidden
-  states of the committed tokens, whichever proposer drafted them (drafters/dspark_runtime.py).
+* A round where no request drafts is a one-token step, one where any does verifies a block (on this CPU ~1.3x the
+  time): where suffix drafts nothing, DSpark pays only if (1 + A_m) tokens in a block round plus its forward beat
+  one token in a one-token round, both round times measured here (`_Timer`, kept apart by whether the round drafted).
+* DSpark's per-slot context (a projection of the target's hidden states of the committed tokens, whichever proposer
+  drafted them: drafters/dspark_runtime.py) is brought up to date only when DSpark is about to draft the slot: the
+  hidden states wait here (at most PENDING_MAX positions a slot), then go through one projection. On code, where
+  suffix drafts most rounds, that projection each round cost 3% of the time.
 """
 
 from __future__ import annotations
@@ -47,23 +53,45 @@ class HybridDrafter(Drafter):
         self.cost = _Timer()  # DSpark's forward against a round without it
         self.proposers = {"suffix": ProposerCount(), "dspark": ProposerCount()}  # `serve`'s /metrics reads them
         self._took: dict[int, str] = {}  # slot -> the proposer of its draft this round
+        self._pending: dict[int, list[torch.Tensor]] = {}  # slot -> hidden states [n, W] DSpark has not read yet
+        self._fresh: set[int] = set()  # slots whose pending states start at the prompt (DSpark's reset is due)
 
     def reset(self, slot: int, prompt: list[int], hidden: torch.Tensor | None) -> None:
-        self.model.reset(slot, prompt, hidden)
+        if hidden is None:  # DSpark's own error: the engine must pass the target's hidden states
+            self.model.reset(slot, prompt, hidden)
+        self.model.release(slot)
+        self._pending[slot], self._fresh = ([] if hidden is None else [hidden]), self._fresh | {slot}
+        self.cost.skip()  # the interval holds this request's prefill: not a round's time
         self.suffix.reset(slot, prompt, hidden)
+
+    def _catch_up(self, slots: list[int]) -> None:
+        """Give DSpark the hidden states it has not read for `slots` (a reset for a new request, else one update)."""
+        behind = []
+        for slot in slots:
+            chunks = self._pending.get(slot)
+            if not chunks:
+                continue
+            self._pending[slot] = []
+            hidden = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+            if slot in self._fresh:
+                self._fresh.discard(slot)
+                self.model.reset(slot, [], hidden)
+            else:
+                behind.append(RoundResult(slot=slot, proposed=0, verified=0, accepted=0, new_tokens=[], hidden=hidden))
+        if behind:
+            self.model.update(behind)
 
     def propose(self, requests: list[DraftRequest]) -> Proposal:
         self.cost.round_starts()
         ps = self.suffix.propose(requests)
         b = len(requests)
         e_s = _expected(ps)
-        bar = (1.0 + self.gain) / (1.0 + self.cost.share()) - 1.0  # DSpark pays where suffix expects fewer
-        if self._idle >= PROBE_EVERY:  # a probe: DSpark drafts where suffix is weak, whatever its mean says
-            bar = max(bar, 1.0)
-        ask = [r if e < bar else replace(r, gamma=0) for r, e in zip(requests, e_s, strict=True)]
+        wants = self._model_rows(e_s, block=any(n > 0 for n in ps.num))
+        ask = [r if w else replace(r, gamma=0) for r, w in zip(requests, wants, strict=True)]
         runs = any(r.gamma > 0 for r in ask)
         self._idle = 0 if runs else self._idle + 1
         with self.cost.model_call(runs):
+            self._catch_up([r.slot for r in ask if r.gamma > 0])
             pm = self.model.propose(ask)
         g = max(ps.tokens.shape[1], pm.tokens.shape[1])
         e_m = _expected(pm)
@@ -86,7 +114,23 @@ class HybridDrafter(Drafter):
                     probs[i, :n] = pm.probs[i, :n]  # type: ignore[index]
             if n > 0 and requests[i].gamma > 0:
                 self._took[requests[i].slot] = "suffix" if use_suffix else "dspark"
+        self.cost.drafted = any(n > 0 for n in num)
         return Proposal(tokens=tokens, num=num, probs=probs, confidence=conf)
+
+    def _model_rows(self, e_s: list[float], block: bool) -> list[bool]:
+        """Which requests DSpark drafts this round, suffix expecting e_s accepted tokens for each. Its forward is one
+        for the batch: it runs where the tokens it adds, sum over its rows of (A_m - e), beat what its time costs the
+        whole batch, share x sum of (1 + e); where suffix drafts for no request (`block` False) DSpark's rows must
+        also pay for the block step they cause (`_Timer.block_pays`)."""
+        if self._idle >= PROBE_EVERY:  # a probe: DSpark drafts where suffix is weak, whatever its mean says
+            return [e < 1.0 for e in e_s]
+        if not block:
+            if self.cost.plain_due():  # a one-token round, timed: what DSpark's block round must beat
+                return [False] * len(e_s)
+            return [self.cost.block_pays(self.gain)] * len(e_s)
+        gain = sum(self.gain - e for e in e_s if e < self.gain)
+        pays = gain > self.cost.share() * sum(1.0 + e for e in e_s)
+        return [pays and e < self.gain for e in e_s]
 
     def update(self, results: list[RoundResult]) -> None:
         for res in results:
@@ -100,11 +144,19 @@ class HybridDrafter(Drafter):
                 if who == "dspark":
                     self._rounds += 1
                     self.gain += max(GAIN_RATE, 1.0 / (self._rounds + 1)) * (res.accepted - self.gain)
-        self.model.update(results)
+            if res.finished:
+                self._pending.pop(res.slot, None)
+                self._fresh.discard(res.slot)
+            elif res.hidden is not None and res.slot in self._pending:
+                self._pending[res.slot].append(res.hidden)
+        full = [slot for slot, chunks in self._pending.items() if sum(c.shape[0] for c in chunks) > PENDING_MAX]
+        self._catch_up(full)  # bounded memory: a long run of suffix rounds is read in one projection
         self.suffix.update(results)
 
     def release(self, slot: int) -> None:
         self._took.pop(slot, None)
+        self._pending.pop(slot, None)
+        self._fresh.discard(slot)
         self.model.release(slot)
         self.suffix.release(slot)
 
@@ -114,29 +166,48 @@ class HybridDrafter(Drafter):
 
 GAIN_RATE = 0.05  # weight of the newest round in DSpark's running mean of accepted tokens, once 20 were seen
 PROBE_EVERY = 64  # rounds without DSpark after which it drafts once anyway (a stale mean would never recover)
+PENDING_MAX = 256  # hidden-state positions a slot may hold back from DSpark before they are read anyway
 
 
 class _Timer:
-    """Running means of a round's wall time without DSpark's forward and of the forward's own time."""
+    """Running means of a round's wall time without DSpark's forward, apart for rounds that verified drafts (a block
+    step) and rounds that drafted nothing (a one-token step), and of the forward's own time."""
 
     RATE = 0.1  # weight of the newest sample
     GAP = 10.0  # an interval this many times the mean is idle time (no request ran), not a round
 
     def __init__(self) -> None:
-        self.round_s: float | None = None  # mean round without the forward
+        self.round_s: float | None = None  # mean round that verified drafts, without the forward
+        self.plain_s: float | None = None  # mean round that drafted nothing
         self.model_s: float | None = None  # mean forward
+        self.drafted = False  # the round being timed verifies drafts (set by the hybrid's propose)
         self._start: float | None = None  # when the previous round started
         self._spent = 0.0  # the forward's time inside the previous round
+        self._plain_age = 0  # rounds since a one-token round was timed
+
+    def skip(self) -> None:
+        """The interval now running is not a round's time (a prefill ran in it): the next round start drops it."""
+        self._start = None
 
     def round_starts(self) -> None:
         now = time.perf_counter()
         if self._start is not None:
             took = now - self._start - self._spent
-            if self.round_s is None:
-                self.round_s = took
-            elif took < self.GAP * self.round_s:
-                self.round_s += self.RATE * (took - self.round_s)
+            mean = self.round_s if self.drafted else self.plain_s
+            if mean is None or took * self.GAP < mean:  # the first, or a mean inflated by a warm-up round
+                mean = took
+            elif took < self.GAP * mean:
+                mean += self.RATE * (took - mean)
+            if self.drafted:
+                self.round_s = mean
+            else:
+                self.plain_s, self._plain_age = mean, 0
         self._start, self._spent = now, 0.0
+        self._plain_age += 1
+
+    def plain_due(self) -> bool:
+        """No one-token round was timed yet, or none for PROBE_EVERY rounds (the mean would go stale)."""
+        return self.plain_s is None or self._plain_age >= PROBE_EVERY
 
     @contextmanager
     def model_call(self, runs: bool) -> Iterator[None]:
@@ -151,6 +222,14 @@ class _Timer:
         if not self.round_s or self.model_s is None:
             return 0.0
         return self.model_s / self.round_s
+
+    def block_pays(self, gain: float) -> bool:
+        """Where no request drafts otherwise: does a block round with DSpark's forward and `gain` accepted tokens a
+        request beat a one-token round? Before both kinds were timed, its forward against the round alone."""
+        if not self.plain_s or not self.round_s or self.model_s is None:
+            return gain > self.share()
+        plain = min(self.plain_s, self.round_s)  # a one-token step is never slower than a block step (warm-up is)
+        return (1.0 + gain) * plain > self.round_s + self.model_s
 
 
 def _expected(p: Proposal) -> list[float]:

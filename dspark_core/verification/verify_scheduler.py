@@ -31,7 +31,7 @@ from dspark_core.verification.sps import SpsTable, default_probes, profile_sps
 if TYPE_CHECKING:
     from dspark_core.config import EngineConfig
     from dspark_core.drafters.base import DraftRequest, Proposal, RoundResult
-    from dspark_core.modeling.model import LeanModel
+    from dspark_core.modeling.model import KVCache, LeanModel
 
 
 @dataclass
@@ -201,7 +201,8 @@ def ragged_rows(batch_tokens: int, rows: int) -> list[int]:
 
 
 def profile_target_sps(target: LeanModel, max_batch_tokens: int, *, rows: int = 1, context: int = 64,
-                       repeats: int = 3, affine: bool = False, dense: tuple[int, ...] = ()) -> SpsTable:
+                       repeats: int = 3, affine: bool = False, dense: tuple[int, ...] = (),
+                       cache: KVCache | None = None, hidden_layers: tuple[int, ...] = ()) -> SpsTable:
     """Steps per second of one target forward over B verify tokens, in the round loop's shape.
 
     `rows` requests (slots with a `context`-token history each) append B tokens together, spread as evenly
@@ -211,21 +212,29 @@ def profile_target_sps(target: LeanModel, max_batch_tokens: int, *, rows: int = 
     the probes and tabulate the fit at every B from 1 to max_batch_tokens. A CPU has no tile-quantisation
     cliffs to find (step time grows linearly with the tokens), and on shared cores the raw table carries
     jitter that the prefix scheduler's early stop would mistake for a cliff. The scratch cache is thrown
-    away afterwards. `dense` (a compiled target's step sizes): the steps run dense, every row T tokens, so the
-    probes are exactly rows x T for each size T (with `affine`, the line through them).
+    away afterwards. `dense` (a compiled target's step sizes): the steps run dense, every row T tokens and the
+    rows padded to a power of two, so each shape the engine can run (rows 1, 2, 4 .. x each size T) is timed
+    itself, interleaved, and tabulated at its token count: the only counts the dense scheduler looks up. A line
+    through them priced a 3-token step at 8 rows 20% under its time on this CPU (`affine` is not used). Given the
+    engine's idle `cache` (all slots empty) and its drafter's `hidden_layers`, the probes run on them: the very
+    graphs the engine will run, compiled once for both (a scratch cache is a shape of its own, hence other graphs).
     """
     import torch
 
     rows = max(1, min(rows, max_batch_tokens))
     if dense:  # the compiled step pads the rows to a power of two: probe the padded batch
         rows = 1 << (rows - 1).bit_length()
-    longest = -(-max_batch_tokens // rows)
-    cache = target.new_cache(rows, context + longest + 1)
+    longest = max(-(-max_batch_tokens // rows), *dense, 1)
+    own = dense and cache is not None and len(cache.lens) >= rows and not bool(cache.lens.any()) \
+        and cache.k[0].shape[1] >= context + longest + 1
+    if not own:
+        cache = target.new_cache(rows, context + longest + 1)
+    assert cache is not None
     for r in range(rows):
         target(torch.randint(1, target.arch.vocab_size, (1, context)), cache, [r])
 
     def step(b: int) -> None:
-        n_new = [b // rows] * rows if dense else ragged_rows(b, rows)
+        n_new = ragged_rows(b, rows)
         target(torch.randint(1, target.arch.vocab_size, (rows, max(n_new))), cache, list(range(rows)), n_new)
         for r in range(rows):
             cache.truncate(r, context)
@@ -233,8 +242,12 @@ def profile_target_sps(target: LeanModel, max_batch_tokens: int, *, rows: int = 
             torch.cuda.synchronize()
 
     if dense:
-        probes = sorted({rows * t for t in dense if rows * t <= max_batch_tokens} | {rows})
-    elif rows == 1:
+        try:
+            return _dense_sps(target, cache, context, rows, dense, max_batch_tokens, repeats,
+                              hidden_layers if own else ())
+        finally:
+            cache.lens.zero_()  # the engine's cache goes back empty
+    if rows == 1:
         probes = default_probes(max_batch_tokens)
     else:
         probes = list(range(rows, max_batch_tokens + 1))
@@ -242,8 +255,7 @@ def profile_target_sps(target: LeanModel, max_batch_tokens: int, *, rows: int = 
         return profile_sps(step, probes, warmup=1, repeats=repeats, max_batch_tokens=max_batch_tokens)
     import statistics
 
-    if not dense:
-        probes = sorted({*probes[:: max(1, len(probes) // 12)], probes[-1]})  # a dozen points pin a line down
+    probes = sorted({*probes[:: max(1, len(probes) // 12)], probes[-1]})  # a dozen points pin a line down
     times: dict[int, list[float]] = {b: [] for b in probes}
     for _ in range(max(3, repeats)):  # rounds over all probes: drifting load on shared cores hits all alike
         for b in probes:
@@ -252,6 +264,43 @@ def profile_target_sps(target: LeanModel, max_batch_tokens: int, *, rows: int = 
             step(b)
             times[b].append(time.perf_counter() - t0)
     return affine_sps([(b, statistics.median(ts)) for b, ts in times.items()], max_batch_tokens)
+
+
+def _dense_sps(target: LeanModel, cache: KVCache, context: int, rows: int, sizes: tuple[int, ...],
+               max_batch_tokens: int, repeats: int, hidden_layers: tuple[int, ...]) -> SpsTable:
+    """Each dense shape (b rows x T tokens: b a power of two <= rows, T a step size or 1) timed in rounds over all
+    shapes (drifting load on shared cores hits all alike), median seconds; the table holds b x T -> 1 / seconds, the
+    slower where two shapes share a token count, made non-increasing in tokens."""
+    import statistics
+
+    import torch
+
+    shapes = sorted({(b, t) for b in (1 << i for i in range(rows.bit_length())) for t in {1, *sizes}
+                     if b <= rows and b * t <= max(max_batch_tokens, rows)})
+    times: dict[tuple[int, int], list[float]] = {sh: [] for sh in shapes}
+
+    def step(b: int, t: int) -> None:
+        target(torch.randint(1, target.arch.vocab_size, (b, t)), cache, list(range(b)), [t] * b,
+               hidden_layers=hidden_layers)
+        for r in range(b):
+            cache.truncate(r, context)
+        if target.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for _ in range(max(3, repeats)):
+        for b, t in shapes:
+            step(b, t)  # warm this shape (compiled on its first call)
+            t0 = time.perf_counter()
+            step(b, t)
+            times[(b, t)].append(time.perf_counter() - t0)
+    by_tokens: dict[int, float] = {}
+    for (b, t), ts in times.items():
+        by_tokens[b * t] = max(by_tokens.get(b * t, 0.0), statistics.median(ts))
+    tokens = sorted(by_tokens)
+    sps = [1.0 / max(by_tokens[n], 1e-9) for n in tokens]
+    for i in range(1, len(sps)):
+        sps[i] = min(sps[i], sps[i - 1])
+    return SpsTable.from_probes(zip(tokens, sps, strict=True), max(max_batch_tokens, tokens[-1]))
 
 
 def affine_sps(times: list[tuple[int, float]], max_batch_tokens: int) -> SpsTable:
@@ -268,9 +317,10 @@ def affine_sps(times: list[tuple[int, float]], max_batch_tokens: int) -> SpsTabl
     return SpsTable.from_probes([(b, 1.0 / (base + slope * b)) for b in range(1, top + 1)], top)
 
 
-def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTable | None = None
-                           ) -> EngineScheduler:
-    """The engine's scheduler for `config.spec` (entry point used by engine_parts.build_scheduler)."""
+def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTable | None = None,
+                           cache: KVCache | None = None, hidden_layers: tuple[int, ...] = ()) -> EngineScheduler:
+    """The engine's scheduler for `config.spec` (entry point used by engine_parts.build_scheduler); `cache` and
+    `hidden_layers`: the engine's idle KV cache and its drafter's layers, for a compiled target's SPS probes."""
     spec = config.spec
     reg = GammaRegulator(RegulatorConfig(gamma_min=1, gamma_max=spec.block_size, adaptive=spec.adaptive_gamma,
                                          fallback_floor=spec.fallback_acceptance))
@@ -288,7 +338,8 @@ def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTabl
         max_tokens = config.batch.max_requests * (min(spec.block_size, spec.max_verify_tokens) + 1)
         sps = SpsTable.load(spec.sps_path) if spec.sps_path else \
             profile_target_sps(target, max_tokens, rows=config.batch.max_requests,
-                               affine=target.device.type == "cpu", dense=dense)
+                               affine=target.device.type == "cpu", dense=dense, cache=cache,
+                               hidden_layers=hidden_layers)
     # the round loop verifies ragged batches (model.py packs the real tokens): a batch costs sum(l_r + 1) tokens
     if spec.scheduler == "learned":
         assert sps is not None and spec.policy_path

@@ -121,5 +121,109 @@ def test_the_model_drafts_only_while_it_pays_for_its_forward(accepted: int, keep
         if i == 39:
             calls_first_half = model.calls
     late = model.calls - calls_first_half
-    # left out: at most one probe (every 64 rounds without it)
-    assert (late == 40) if keeps_calling else (late <= 1), (calls_first_half, late, hybrid.gain, hybrid.cost.share())
+    # kept: all but at most one timed one-token round (every 64); left out: at most one probe (every 64 rounds)
+    assert (late >= 39) if keeps_calling else (late <= 1), (calls_first_half, late, hybrid.gain, hybrid.cost.share())
+
+
+@pytest.mark.parametrize(("accepted", "keeps_calling"), [(1, False), (3, True)])
+def test_the_model_pays_for_the_block_step_it_causes(accepted: int, keeps_calling: bool) -> None:
+    """Where suffix drafts nothing, DSpark's draft turns a one-token round into a block round: a cheap forward whose
+    one accepted token does not pay for a block step twice as slow is left out; three accepted tokens do pay."""
+    model = _SlowModel(0.001)
+    hybrid = HybridDrafter(model, SuffixDrafter())
+    hybrid.reset(0, [1, 2, 3, 4], None)
+    tokens = [1, 2, 3, 4]
+    for i in range(80):
+        req = DraftRequest(slot=0, tokens=tokens, gamma=4, sampling=SamplingParams(), prompt_len=4)
+        p = hybrid.propose([req])
+        time.sleep(0.006 if p.num[0] else 0.003)  # a block step costs twice a one-token step
+        new = list(range(100 + 10 * i, 101 + 10 * i + min(accepted, p.num[0])))
+        tokens = tokens + new
+        hybrid.update([RoundResult(slot=0, proposed=p.num[0], verified=p.num[0], accepted=min(accepted, p.num[0]),
+                                   new_tokens=new)])
+        if i == 39:
+            calls_first_half = model.calls
+    late = model.calls - calls_first_half
+    assert (late >= 39) if keeps_calling else (late <= 1), (calls_first_half, late, hybrid.gain, vars(hybrid.cost))
+
+
+class _CountingModel(_SlowModel):
+    """A model drafter that records the hidden-state rows each reset and update hands it."""
+
+    def __init__(self) -> None:
+        super().__init__(0.0)
+        self.read: list[tuple[str, int, int]] = []  # (call, slot, rows)
+
+    def reset(self, slot: int, prompt: list[int], hidden: torch.Tensor | None) -> None:
+        self.read.append(("reset", slot, 0 if hidden is None else hidden.shape[0]))
+
+    def update(self, results: list[RoundResult]) -> None:
+        self.read += [("update", r.slot, r.hidden.shape[0]) for r in results if r.hidden is not None]
+
+
+def test_the_model_reads_the_hidden_states_only_when_it_drafts() -> None:
+    """DSpark's context is brought up to date in one read just before it drafts a slot, holding back at most
+    PENDING_MAX positions; nothing is read for a finished request."""
+    from dspark_core.drafters import hybrid as hy
+
+    model = _CountingModel()
+    hybrid = HybridDrafter(model, SuffixDrafter())
+    hybrid.reset(0, [1, 2, 3], torch.zeros(3, 4))
+    assert model.read == []  # nothing read yet
+    for i in range(5):  # rounds where the model does not draft (gamma 0 asks nobody)
+        req = DraftRequest(slot=0, tokens=[1, 2, 3] + list(range(i)), gamma=0, sampling=SamplingParams(),
+                           prompt_len=3)
+        hybrid.propose([req])
+        hybrid.update([RoundResult(slot=0, proposed=0, verified=0, accepted=0, new_tokens=[7],
+                                   hidden=torch.zeros(1, 4))])
+    assert model.read == []
+    req = DraftRequest(slot=0, tokens=list(range(8)), gamma=4, sampling=SamplingParams(), prompt_len=3)
+    hybrid.cost.block_pays = lambda gain: True  # type: ignore[method-assign]  # the model's drafts pay
+    hybrid.cost.plain_due = lambda: False  # type: ignore[method-assign]
+    hybrid.propose([req])
+    assert model.read == [("reset", 0, 3 + 5)]  # the prompt's states and five rounds', in one read
+    hybrid.update([RoundResult(slot=0, proposed=4, verified=4, accepted=1, new_tokens=[7, 8],
+                               hidden=torch.zeros(2, 4))])
+    hybrid.propose([req])
+    assert model.read[-1] == ("update", 0, 2)
+    for _ in range(hy.PENDING_MAX // 50 + 1):  # long suffix runs: read once more than PENDING_MAX wait
+        hybrid.update([RoundResult(slot=0, proposed=0, verified=0, accepted=0, new_tokens=[7] * 50,
+                                   hidden=torch.zeros(50, 4))])
+    assert model.read[-1][0] == "update" and model.read[-1][2] > hy.PENDING_MAX
+    hybrid.update([RoundResult(slot=0, proposed=0, verified=0, accepted=0, new_tokens=[7], hidden=torch.zeros(1, 4),
+                               finished=True)])
+    hybrid.release(0)
+    assert hybrid._pending == {}
+
+
+def test_the_timer_keeps_block_and_one_token_rounds_apart(monkeypatch) -> None:
+    """Round times are kept apart by whether the round drafted; an interval holding a prefill is dropped; a warm-up
+    round is replaced by the first round ten times faster; a one-token round never prices above a block round."""
+    from dspark_core.drafters import hybrid as hy
+
+    now = [0.0]
+    monkeypatch.setattr(hy.time, "perf_counter", lambda: now[0])
+    t = hy._Timer()
+
+    def round_(seconds: float, drafted: bool, model_s: float = 0.0) -> None:
+        t.round_starts()
+        t.drafted = drafted
+        with t.model_call(model_s > 0):
+            now[0] += model_s
+        now[0] += seconds
+
+    round_(3.0, False)  # a warm-up round (compilation)
+    round_(0.020, True, model_s=0.005)
+    round_(0.010, False)
+    t.round_starts()
+    assert t.round_s == pytest.approx(0.020) and t.model_s == pytest.approx(0.005)
+    assert t.plain_s == pytest.approx(0.010)  # 3 s, then 10 ms: the warm-up is replaced
+    assert not t.block_pays(1.0)  # 2 tokens in 25 ms against 1 in 10 ms
+    assert t.block_pays(1.6) and t.share() == pytest.approx(0.25)
+    t.drafted = False
+    now[0] += 5.0  # a prefill ran in this interval
+    t.skip()
+    t.round_starts()
+    assert t.plain_s == pytest.approx(0.010)
+    t.plain_s = 1.0  # inflated: a one-token step is priced at most a block step
+    assert t.block_pays(0.3) and not t.block_pays(0.2)  # 1.3 x 20 ms against 25 ms

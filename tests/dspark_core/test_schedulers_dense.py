@@ -64,6 +64,7 @@ def test_the_engine_compiles_a_short_verify_where_a_scheduler_can_choose_it(sche
 
 
 def test_dense_probes_are_the_padded_step_shapes(tiny_target) -> None:
+    """A compiled target's SPS table times each dense shape itself, not a line through a few."""
     from dspark_core.verification.verify_scheduler import profile_target_sps
 
     seen: list[tuple[int, int]] = []
@@ -78,6 +79,37 @@ def test_dense_probes_are_the_padded_step_shapes(tiny_target) -> None:
         sps = profile_target_sps(tiny_target, 54, rows=6, affine=True, dense=(1, 3, 9), repeats=1)
     finally:
         del tiny_target.forward
-    timed = {s for s in seen if s[0] == 8}
-    assert timed == {(8, 1), (8, 3)}  # 6 rows padded to 8; 8 x 9 = 72 is past the 54-token budget
-    assert isinstance(sps, SpsTable) and sps.lookup(24) <= sps.lookup(8)
+    timed = {s for s in seen if s[1] != 64}  # not the 64-token context prefills
+    # every shape the engine can run: 6 rows pad to 8, and as requests finish 4, 2, 1; 8 x 9 = 72 is past the budget
+    assert timed == {(b, t) for b in (1, 2, 4, 8) for t in (1, 3, 9)} - {(8, 9)}
+    assert isinstance(sps, SpsTable)
+    assert set(sps.sample_batch_tokens) == {1, 2, 3, 4, 6, 8, 9, 12, 18, 24, 36}  # each shape's own time
+    assert list(sps.sample_steps_per_sec) == sorted(sps.sample_steps_per_sec, reverse=True)
+
+
+def test_dense_probes_run_on_the_engines_idle_cache(tiny_target) -> None:
+    """Given the engine's idle cache and its drafter's layers, the probes run on them (the engine's own compiled
+    graphs) and leave the cache empty; a cache holding a request is left alone (a scratch cache is probed)."""
+    from dspark_core.verification.verify_scheduler import profile_target_sps
+
+    seen: list[tuple[object, tuple[int, ...]]] = []
+    real = tiny_target.forward
+
+    def spy(tokens, cache, slots, n_new=None, hidden_layers=(), **kw):  # noqa: ANN001, ANN202
+        seen.append((cache, tuple(hidden_layers)))
+        return real(tokens, cache, slots, n_new, hidden_layers=hidden_layers, **kw)
+
+    own = tiny_target.new_cache(4, 256)
+    tiny_target.forward = spy
+    try:
+        profile_target_sps(tiny_target, 36, rows=4, dense=(1, 3, 9), repeats=1, cache=own, hidden_layers=(0, 1))
+        probed = [c for c, h in seen if h == (0, 1)]
+        assert probed and all(c is own for c, _ in seen)
+        assert not own.lens.any()
+        seen.clear()
+        own.lens[2] = 5  # a request holds slot 2
+        profile_target_sps(tiny_target, 36, rows=4, dense=(1, 3, 9), repeats=1, cache=own, hidden_layers=(0, 1))
+        assert seen and all(c is not own and h == () for c, h in seen)
+        assert int(own.lens[2]) == 5
+    finally:
+        del tiny_target.forward
