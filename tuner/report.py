@@ -116,23 +116,46 @@ def write_report(out: Path, template, study, spec: StudySpec, trial, meets: bool
         pareto=[{"number": t.number, "vals": t.values, "feasible": t.number in feasible_ids} for t in front[:15]],
         plots=made, sps_kind=kind, sps_rows=list(zip(sps.sample_batch_tokens, sps.sample_steps_per_sec, strict=True)),
         acceptance_line=f"Acceptance model: {source}.", drafter_line=drafter_line(profile, params),
-        bought=bought, method_line=method_line(profile, params, schedules or {}),
+        bought=bought, method_line=method_line(profile, params, schedules or {}, searched_methods(trials, trial)),
         profile_hash=profile.content_hash(),
         profile_id=spec.profile_id, plan_id=spec.plan_id, db_url=_redact(db_url), tool_version=spec.tool_version,
         exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     (out / "report.md").write_text(text)
 
 
-def method_line(profile: Profile, params: dict[str, Any], schedules: dict[str, Any]) -> str:
-    """Which speculative method the bundle deploys, among which the study chose, and its draft-length schedule."""
+def searched_methods(trials: list[Any], exported: Any) -> dict[str, float]:
+    """Where the study searched `spec.method`: each searched method's best first objective over the completed trials
+    (in the order searched; NaN for one no trial ran), else {}."""
+    dist = exported.distributions.get("spec.method")
+    choices = [str(c) for c in getattr(dist, "choices", ())]
+    if len(choices) < 2:
+        return {}
+    best: dict[str, float] = {c: float("nan") for c in choices}
+    for t in trials:
+        m = str(t.params.get("spec.method", ""))
+        if m in best and t.values and not (best[m] >= t.values[0]):  # NaN compares False: the first one sets it
+            best[m] = float(t.values[0])
+    return best
+
+
+def method_line(profile: Profile, params: dict[str, Any], schedules: dict[str, Any],
+                searched: dict[str, float] | None = None) -> str:
+    """Which speculative method the bundle deploys, among which the study chose (`searched`: the methods it
+    searched, each with its best first objective), and its draft-length schedule."""
+    runs = ", ".join(f"{m} {v:.4g}" if v == v else f"{m} (no trial)" for m, v in (searched or {}).items())
     if not params.get("spec.enabled", True):
-        return "Speculation is off in the exported configuration."
+        return "Speculation is off in the exported configuration" + (
+            f": plain decoding, chosen among the methods the study searched (best trial of each: {runs})."
+            if runs else ".")
     from kb.method_choice import runnable_methods
 
     method = str(params.get("spec.method") or "dspark")
-    among = runnable_methods(profile)
-    line = f"Method: **{method}**" + (f", chosen among {', '.join(among)} (what this deployment has drafters for)"
-                                      if among and len(among) > 1 else "")
+    if runs:
+        line = f"Method: **{method}**, chosen among the methods the study searched (best trial of each: {runs})"
+    else:
+        among = runnable_methods(profile)
+        line = f"Method: **{method}**" + (f", chosen among {', '.join(among)} (what this deployment has drafters "
+                                          "for)" if among and len(among) > 1 else "")
     parts = []
     for engine, sched in schedules.items():
         if sched:

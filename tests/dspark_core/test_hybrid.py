@@ -102,49 +102,41 @@ class _SlowModel(Drafter):
         return None
 
 
-@pytest.mark.parametrize(("accepted", "keeps_calling"), [(0, False), (3, True)])
-def test_the_model_drafts_only_while_it_pays_for_its_forward(accepted: int, keeps_calling: bool) -> None:
-    """Suffix has nothing to copy; a model whose drafts are all rejected and whose forward costs about a round is
-    soon left out, one whose drafts hold is kept."""
-    model = _SlowModel(0.004)
+def _late_calls(model: _SlowModel, accepted: int, step_s: tuple[float, float]) -> int:
+    """80 rounds of one request whose text never repeats (suffix finds no match), each drafted round's first
+    `accepted` tokens accepted, the target's step sleeping step_s[0] without drafts and step_s[1] with them: the
+    model's calls in the last 40 rounds."""
     hybrid = HybridDrafter(model, SuffixDrafter())
     hybrid.reset(0, [1, 2, 3, 4], None)
     tokens = [1, 2, 3, 4]
     for i in range(80):
         req = DraftRequest(slot=0, tokens=tokens, gamma=4, sampling=SamplingParams(), prompt_len=4)
         p = hybrid.propose([req])
-        time.sleep(0.004)  # the target's verify forward
-        new = list(range(100 + 10 * i, 101 + 10 * i + min(accepted, p.num[0])))
-        tokens = tokens + new  # never repeats: suffix finds no match
-        hybrid.update([RoundResult(slot=0, proposed=p.num[0], verified=p.num[0], accepted=min(accepted, p.num[0]),
-                                   new_tokens=new)])
-        if i == 39:
-            calls_first_half = model.calls
-    late = model.calls - calls_first_half
-    # kept: all but at most one timed one-token round (every 64); left out: at most one probe (every 64 rounds)
-    assert (late >= 39) if keeps_calling else (late <= 1), (calls_first_half, late, hybrid.gain, hybrid.cost.share())
-
-
-@pytest.mark.parametrize(("accepted", "keeps_calling"), [(1, False), (3, True)])
-def test_the_model_pays_for_the_block_step_it_causes(accepted: int, keeps_calling: bool) -> None:
-    """Where suffix drafts nothing, DSpark's draft turns a one-token round into a block round: a cheap forward whose
-    one accepted token does not pay for a block step twice as slow is left out; three accepted tokens do pay."""
-    model = _SlowModel(0.001)
-    hybrid = HybridDrafter(model, SuffixDrafter())
-    hybrid.reset(0, [1, 2, 3, 4], None)
-    tokens = [1, 2, 3, 4]
-    for i in range(80):
-        req = DraftRequest(slot=0, tokens=tokens, gamma=4, sampling=SamplingParams(), prompt_len=4)
-        p = hybrid.propose([req])
-        time.sleep(0.006 if p.num[0] else 0.003)  # a block step costs twice a one-token step
+        time.sleep(step_s[1] if p.num[0] else step_s[0])  # the target's step
         new = list(range(100 + 10 * i, 101 + 10 * i + min(accepted, p.num[0])))
         tokens = tokens + new
         hybrid.update([RoundResult(slot=0, proposed=p.num[0], verified=p.num[0], accepted=min(accepted, p.num[0]),
                                    new_tokens=new)])
         if i == 39:
             calls_first_half = model.calls
-    late = model.calls - calls_first_half
-    assert (late >= 39) if keeps_calling else (late <= 1), (calls_first_half, late, hybrid.gain, vars(hybrid.cost))
+    return model.calls - calls_first_half
+
+
+@pytest.mark.parametrize(("accepted", "keeps_calling"), [(0, False), (3, True)])
+def test_the_model_drafts_only_while_it_pays_for_its_forward(accepted: int, keeps_calling: bool) -> None:
+    """A model whose drafts are all rejected and whose forward costs about a round is soon left out, one whose drafts
+    hold is kept (kept: all but at most one timed one-token round; left out: at most one probe, every 64 rounds)."""
+    late = _late_calls(_SlowModel(0.004), accepted, (0.004, 0.004))
+    assert (late >= 39) if keeps_calling else (late <= 1), late
+
+
+@pytest.mark.parametrize(("accepted", "keeps_calling"), [(1, False), (4, True)])
+def test_the_model_pays_for_the_block_step_it_causes(accepted: int, keeps_calling: bool) -> None:
+    """Where suffix drafts nothing, DSpark's draft turns a one-token round into a block round: a cheap forward whose
+    one accepted token does not pay for a block step three times as slow is left out (2 x 3 ms against 10 ms);
+    four accepted tokens do pay (5 x 3 ms against 10 ms)."""
+    late = _late_calls(_SlowModel(0.001), accepted, (0.003, 0.009))
+    assert (late >= 39) if keeps_calling else (late <= 1), late
 
 
 class _CountingModel(_SlowModel):

@@ -29,3 +29,27 @@ def test_importances_only_over_parameters_that_varied():
 
     trials = [SimpleNamespace(params={"a": a, "b": b, "c": 2.0}) for a, b in ((1, "x"), (2, "x"), (3, "y"))]
     assert varied_params(trials) == ["a", "b"]
+
+
+def test_the_method_line_names_what_the_study_searched():
+    """Where the study searched spec.method, the report names every searched method with its best trial (not the
+    profile's drafters: a measured study also runs plain decoding and the hybrid)."""
+    from types import SimpleNamespace
+
+    from optuna.distributions import CategoricalDistribution
+
+    from tuner.report import searched_methods
+
+    dist = {"spec.method": CategoricalDistribution(["dspark", "ngram", "hybrid", "plain"])}
+    trials = [SimpleNamespace(params={"spec.method": m}, values=[v], distributions=dist)
+              for m, v in (("ngram", 42.4), ("hybrid", 37.3), ("ngram", 62.2), ("plain", 27.3))]
+    best = searched_methods(trials, trials[2])
+    assert list(best) == ["dspark", "ngram", "hybrid", "plain"]
+    assert best["ngram"] == 62.2 and best["hybrid"] == 37.3 and best["dspark"] != best["dspark"]  # NaN: no trial
+    profile = build_profile("Qwen3-8B", "h100", "chat", measure=False)
+    line = method_line(profile, {"spec.method": "ngram"}, {}, best)
+    assert line.startswith("Method: **ngram**, chosen among the methods the study searched (best trial of each: "
+                           "dspark (no trial), ngram 62.2, hybrid 37.3, plain 27.3)")
+    off = method_line(profile, {"spec.enabled": False}, {}, best)
+    assert off.startswith("Speculation is off in the exported configuration: plain decoding, chosen among")
+    assert searched_methods(trials, SimpleNamespace(distributions={})) == {}
