@@ -159,6 +159,7 @@ class Engine:
             raise EngineBusy(f"{self.num_running + self.num_waiting} requests are in flight; reconfigure between "
                               "requests")
         config = apply_params(self.config, {f"spec.{k}": v for k, v in spec.items()})
+        self.cache.lens.zero_()  # every slot is free (nothing in flight): an idle cache the SPS probes may use
         scheduler = build_scheduler(config, self.target, self.cache, self.hidden_layers)  # raises before any change
         self.config = config
         self._install(scheduler)
