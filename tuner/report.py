@@ -116,16 +116,18 @@ def write_report(out: Path, template, study, spec: StudySpec, trial, meets: bool
         pareto=[{"number": t.number, "vals": t.values, "feasible": t.number in feasible_ids} for t in front[:15]],
         plots=made, sps_kind=kind, sps_rows=list(zip(sps.sample_batch_tokens, sps.sample_steps_per_sec, strict=True)),
         acceptance_line=f"Acceptance model: {source}.", drafter_line=drafter_line(profile, params),
-        bought=bought, method_line=method_line(profile, params, schedules or {}, searched_methods(trials, trial)),
+        bought=bought, method_line=method_line(profile, params, schedules or {}, searched_methods(
+            trials, trial, OBJECTIVES[spec.objectives[0]][1] == "maximize")),
         profile_hash=profile.content_hash(),
         profile_id=spec.profile_id, plan_id=spec.plan_id, db_url=_redact(db_url), tool_version=spec.tool_version,
         exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     (out / "report.md").write_text(text)
 
 
-def searched_methods(trials: list[Any], exported: Any) -> dict[str, float]:
-    """Where the study searched `spec.method`: each searched method's best first objective over the completed trials
-    (in the order searched; NaN for one no trial ran), else {}."""
+def searched_methods(trials: list[Any], exported: Any, maximize: bool = True) -> dict[str, float]:
+    """Where the study searched `spec.method`: each searched method's best first objective (the largest, or the
+    smallest where it is minimised) over the completed trials (in the order searched; NaN for one no trial ran),
+    else {}."""
     dist = exported.distributions.get("spec.method")
     choices = [str(c) for c in getattr(dist, "choices", ())]
     if len(choices) < 2:
@@ -133,8 +135,10 @@ def searched_methods(trials: list[Any], exported: Any) -> dict[str, float]:
     best: dict[str, float] = {c: float("nan") for c in choices}
     for t in trials:
         m = str(t.params.get("spec.method", ""))
-        if m in best and t.values and not (best[m] >= t.values[0]):  # NaN compares False: the first one sets it
-            best[m] = float(t.values[0])
+        if m in best and t.values:
+            v, old = float(t.values[0]), best[m]
+            if old != old or (v > old if maximize else v < old):  # NaN: the first trial of the method sets it
+                best[m] = v
     return best
 
 

@@ -54,13 +54,16 @@ class HybridDrafter(Drafter):
         self.proposers = {"suffix": ProposerCount(), "dspark": ProposerCount()}  # `serve`'s /metrics reads them
         self._took: dict[int, str] = {}  # slot -> the proposer of its draft this round
         self._pending: dict[int, list[torch.Tensor]] = {}  # slot -> hidden states [n, W] DSpark has not read yet
+        self._held: dict[int, int] = {}  # slot -> positions in its pending states
         self._fresh: set[int] = set()  # slots whose pending states start at the prompt (DSpark's reset is due)
 
     def reset(self, slot: int, prompt: list[int], hidden: torch.Tensor | None) -> None:
         if hidden is None:  # DSpark's own error: the engine must pass the target's hidden states
             self.model.reset(slot, prompt, hidden)
         self.model.release(slot)
-        self._pending[slot], self._fresh = ([] if hidden is None else [hidden]), self._fresh | {slot}
+        self._pending[slot] = [] if hidden is None else [hidden]
+        self._held[slot] = 0 if hidden is None else hidden.shape[0]
+        self._fresh.add(slot)
         self.cost.skip()  # the interval holds this request's prefill: not a round's time
         self.suffix.reset(slot, prompt, hidden)
 
@@ -71,7 +74,7 @@ class HybridDrafter(Drafter):
             chunks = self._pending.get(slot)
             if not chunks:
                 continue
-            self._pending[slot] = []
+            self._pending[slot], self._held[slot] = [], 0
             hidden = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
             if slot in self._fresh:
                 self._fresh.discard(slot)
@@ -145,20 +148,25 @@ class HybridDrafter(Drafter):
                     self._rounds += 1
                     self.gain += max(GAIN_RATE, 1.0 / (self._rounds + 1)) * (res.accepted - self.gain)
             if res.finished:
-                self._pending.pop(res.slot, None)
-                self._fresh.discard(res.slot)
+                self._forget(res.slot)
             elif res.hidden is not None and res.slot in self._pending:
                 self._pending[res.slot].append(res.hidden)
-        full = [slot for slot, chunks in self._pending.items() if sum(c.shape[0] for c in chunks) > PENDING_MAX]
+                self._held[res.slot] += res.hidden.shape[0]
+        full = [slot for slot, n in self._held.items() if n > PENDING_MAX]
         self._catch_up(full)  # bounded memory: a long run of suffix rounds is read in one projection
         self.suffix.update(results)
 
     def release(self, slot: int) -> None:
         self._took.pop(slot, None)
-        self._pending.pop(slot, None)
-        self._fresh.discard(slot)
+        self._forget(slot)
         self.model.release(slot)
         self.suffix.release(slot)
+
+    def _forget(self, slot: int) -> None:
+        """Drop the hidden states DSpark has not read for `slot` (its request ended)."""
+        self._pending.pop(slot, None)
+        self._held.pop(slot, None)
+        self._fresh.discard(slot)
 
     def forget(self) -> None:
         self.suffix.forget()

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from dspark_core.training.train import TrainData
 
 CURVE_FILE = "curve.jsonl"  # one line per point: step, minutes, <domain>_tau, <domain>_accept
+CURVE_MAX_BYTES = 1 << 20  # a point is ~200 bytes: a larger file of this name is not a curve `--fresh` may drop
 
 
 def heldout_sets(target: LeanModel, target_path: Path, *, prompt_len: int, gen_len: int, seed: int,
@@ -41,11 +42,13 @@ def drop_curve(path: Path) -> bool:
     """Remove a training curve for a fresh run, only when every line is a point `TrainingCurve` wrote (a step and a
     code tau): a file of the same name that the program did not write is left alone. Whether it was removed."""
     try:
+        if path.stat().st_size > CURVE_MAX_BYTES:  # far past any curve this writes: not ours, and not read whole
+            return False
         lines = path.read_text(encoding="utf-8").splitlines()
         rows = [json.loads(line) for line in lines if line.strip()]
     except (OSError, UnicodeDecodeError, ValueError):
         return False
-    if not all(isinstance(r, dict) and "step" in r and "code_tau" in r for r in rows):
+    if not rows or not all(isinstance(r, dict) and "step" in r and "code_tau" in r for r in rows):
         return False
     path.unlink()
     return True

@@ -72,3 +72,7 @@ def test_a_fresh_run_drops_only_a_curve_it_wrote(tmp_path: Path) -> None:
     assert drop_curve(ours) and not ours.exists()
     assert not drop_curve(theirs) and theirs.read_text() == "my notes\n"
     assert not drop_curve(tmp_path / "missing.jsonl")
+    empty = tmp_path / "empty" / "curve.jsonl"
+    empty.parent.mkdir()
+    empty.write_text("")
+    assert not drop_curve(empty) and empty.exists()  # nothing in it says this command wrote it
