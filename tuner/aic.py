@@ -118,18 +118,26 @@ def resolve(profile: Profile, engine: str = "sglang") -> tuple[AicTarget | None,
     return AicTarget(path, row["system"], database, backend), ""
 
 
+COVER_DTYPES = ("bf16", "fp8", "nvfp4")  # the dtypes `covers` probes, in order
+
+
 def covers(profile: Profile, engine: str = "sglang") -> tuple[AicTarget | None, str]:
-    """`resolve`, and AIC's tables hold the model's own kernels: one bf16 decode step at TP 1 prices. A model whose
-    attention or GEMM shapes AIC never timed (SmolLM2's 64-wide heads, 3 KV heads) would fail at every point of a
-    study, so the study is priced by the roofline from the start instead (one cost source either way)."""
+    """`resolve`, and AIC's tables hold the model's own kernels: one decode step at TP 1 prices in one of
+    COVER_DTYPES. A model whose attention or GEMM shapes AIC never timed (SmolLM2's 64-wide heads, 3 KV heads) would
+    fail at every point of a study, so the study is priced by the roofline from the start instead (one cost source
+    either way). Several dtypes, since a table may time a model's MoE only quantised (TRT-LLM's B200 tables hold
+    DeepSeek-R1's experts in fp8 and nvfp4, not bf16); a dtype AIC lacks is priced from a timed one."""
     target, why = resolve(profile, engine)
     if target is None:
         return None, why
-    try:
-        handle(target, 1, "bf16", "auto", bool(profile.model.num_experts)).decode_ms(1, 1, 512)
-    except Exception as exc:  # noqa: BLE001 - any refusal of AIC's means it cannot price this model
-        return None, f"AIC has no measured kernels for {profile.model.name}'s shapes ({_said(exc)})"
-    return target, ""
+    said = ""
+    for dtype in COVER_DTYPES:
+        try:
+            handle(target, 1, dtype, "auto", bool(profile.model.num_experts)).decode_ms(1, 1, 512)
+            return target, ""
+        except Exception as exc:  # noqa: BLE001 - any refusal of AIC's means it cannot price this dtype
+            said = said or _said(exc)
+    return None, f"AIC has no measured kernels for {profile.model.name}'s shapes ({said})"
 
 
 def _said(exc: BaseException) -> str:

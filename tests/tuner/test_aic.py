@@ -196,3 +196,25 @@ def test_an_engine_aic_timed_is_priced_with_its_own_tables_and_nvfp4_natively():
     h100, q = base("DeepSeek-V3", "h100", weights_dtype="nvfp4", tp=8)  # Hopper: no FP4 kernels timed
     scaled, _ = aic_perf(h100, q, "trtllm")
     assert scaled.cost_source == "aic:h100_sxm/trtllm/1.3.0rc20 (nvfp4 as fp8 x roofline ratio)"
+
+
+@needs_aic
+def test_aic_covers_a_model_its_tables_time_only_quantised_and_refuses_unmeasured_shapes(monkeypatch):
+    """TRT-LLM's B200 tables hold DeepSeek-R1's experts in fp8 and nvfp4 only: the model is covered (its published
+    rows are priced by AIC, not the roofline); a model no dtype prices (SmolLM2's 64-wide heads) is refused with
+    AIC's own first line."""
+    import tuner.aic as aic
+
+    p = build_profile("DeepSeek-R1", "b200", "chat", measure=False, gpus=8)
+    target, why = aic.covers(p, "trtllm")
+    assert target is not None and target.source() == "aic:b200_sxm/trtllm/1.3.0rc20", why
+    tried: list[str] = []
+
+    def untimed(target, tp, weights, kv, moe):  # noqa: ANN001, ANN202 - AIC refusing every dtype
+        tried.append(weights)
+        raise RuntimeError("perf database error: GEMM data missing")
+
+    monkeypatch.setattr(aic, "handle", untimed)
+    target, why = aic.covers(p, "trtllm")
+    assert target is None and "shapes (perf database error: GEMM data missing)" in why
+    assert tried == list(aic.COVER_DTYPES)
