@@ -440,7 +440,10 @@ class Engine:
         verdicts = self._verdicts(out, inp, nv, running, prop)  # reads the logits: the forward has finished
         stats = self.stats
         stats.draft_s += t1 - t0
-        stats.verify_s += time.perf_counter() - t1
+        took = time.perf_counter() - t1
+        stats.verify_s += took
+        if hasattr(self.scheduler, "step_took"):  # a compiled target's scheduler prices its shapes by these
+            self.scheduler.step_took(b, t, took)
         stats.steps += 1
         stats.verify_tokens += sum(nv) + b
         results, committed = [], []
@@ -456,7 +459,11 @@ class Engine:
         if self.drafter:
             self.drafter.update(results)
         self.scheduler.observe(results)
-        stats.decode_s += time.perf_counter() - t_round
+        took = time.perf_counter() - t_round
+        stats.decode_s += took
+        if len(running) == self.config.batch.max_requests:
+            stats.full_s += took
+            stats.full_tokens += sum(len(k) for k in committed)
         return committed
 
     @staticmethod

@@ -27,6 +27,8 @@ class GenStats:
     draft_s: float = 0.0  # host wall time in the drafter (propose + scheduler), decode steps only
     verify_s: float = 0.0  # host wall time of the target's verify forwards and their verdicts
     decode_s: float = 0.0  # wall time of the decode rounds (everything but admission and prefill)
+    full_s: float = 0.0  # wall time of the decode rounds every batch slot took part in
+    full_tokens: int = 0  # tokens those rounds committed
 
     def record(self, verified: int, accepted: int, committed: int, proposed: int) -> None:
         """Account one request's round."""
@@ -54,6 +56,12 @@ class GenStats:
     def decode_tokens_per_s(self) -> float:
         """Tokens committed by decode rounds per second of decode rounds: the speed with prefill left out."""
         return self.round_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def full_tokens_per_s(self) -> float:
+        """Tokens per second of the rounds with every batch slot busy: a server's speed under sustained load, where
+        a closed batch of prompts ends with a tail of a few requests running alone."""
+        return self.full_tokens / self.full_s if self.full_s > 0 else 0.0
 
     @property
     def tau(self) -> float:

@@ -181,6 +181,8 @@ class Row:
     tokens: int = 0  # generated tokens over all repeats
     decode_s: float = 0.0  # decode-round seconds over all repeats (engine methods; 0 for the HF ones)
     round_tokens: int = 0  # tokens those rounds committed
+    full_s: float = 0.0  # seconds of the decode rounds with every batch slot busy
+    full_tokens: int = 0  # tokens those rounds committed
     stats: GenStats | None = None  # stats of the first repeat (tau, acceptance: deterministic under greedy)
     outputs: list[list[int]] = field(default_factory=list)  # outputs of the first repeat
 
@@ -193,6 +195,11 @@ class Row:
     def decode_tokens_per_s(self) -> float | None:
         """Tokens per second of decode rounds, prefill left out (None where the method has no rounds: HF's)."""
         return self.round_tokens / self.decode_s if self.decode_s else None
+
+    @property
+    def full_tokens_per_s(self) -> float | None:
+        """Tokens per second of the rounds with every slot busy (None where there were none)."""
+        return self.full_tokens / self.full_s if self.full_s else None
 
 
 @dataclass
@@ -262,6 +269,8 @@ def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> l
             row.tokens += stats.generated_tokens
             row.decode_s += stats.decode_s
             row.round_tokens += stats.round_tokens
+            row.full_s += stats.full_s
+            row.full_tokens += stats.full_tokens
             if row.stats is None:
                 row.stats, row.outputs = stats, outs
             if progress:
@@ -295,6 +304,11 @@ def report(spec: BenchSpec, rows: list[Row], device: str, target: LeanModel | No
             "decode_tokens_per_s": round(r.decode_tokens_per_s, 2) if r.decode_tokens_per_s else None,
             "decode_speedup": round(r.decode_tokens_per_s / plain.decode_tokens_per_s, 3)
             if plain and r.decode_tokens_per_s and plain.decode_tokens_per_s else None,
+            # rounds with all `concurrency` slots busy: the speed under sustained load, without the closed batch's
+            # tail of a few requests finishing alone
+            "full_batch_tokens_per_s": round(r.full_tokens_per_s, 2) if r.full_tokens_per_s else None,
+            "full_batch_speedup": round(r.full_tokens_per_s / plain.full_tokens_per_s, 3)
+            if plain and r.full_tokens_per_s and plain.full_tokens_per_s else None,
             "tau": round(st.tau, 4) if speculative and st else (1.0 if r.name == "plain" else None),
             "position_acceptance": [round(x, 4) for x in st.position_acceptance] if speculative and st else [],
             "lossless": lossless,

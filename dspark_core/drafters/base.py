@@ -70,6 +70,7 @@ class Proposal:
     probs: torch.Tensor | None = None  # [B, G, V] float: q the tokens were sampled from; None = point mass
     confidence: torch.Tensor | None = None  # [B, G] float in (0, 1): P(token k survives | prefix did)
     entropy: torch.Tensor | None = None  # [B, G] float: entropy (nats) of the draft distribution at position k
+    source: list[str] | None = None  # [B] which proposer drafted row b, where a drafter combines several (the hybrid)
 
 
 @dataclass

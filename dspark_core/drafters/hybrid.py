@@ -101,12 +101,13 @@ class HybridDrafter(Drafter):
         tokens = torch.zeros(b, g, dtype=torch.long)
         conf = torch.full((b, g), 1e-3)
         probs = None if pm.probs is None else torch.zeros(b, g, pm.probs.shape[-1])
-        num = []
+        num, source = [], []
         for i in range(b):
             use_suffix = ps.num[i] > 0 and e_s[i] >= e_m[i]
             p = ps if use_suffix else pm
             n = p.num[i]
             num.append(n)
+            source.append("suffix" if use_suffix else "dspark")
             tokens[i, :n] = p.tokens[i, :n]
             if p.confidence is not None:
                 conf[i, :n] = p.confidence[i, :n]
@@ -118,7 +119,7 @@ class HybridDrafter(Drafter):
             if n > 0 and requests[i].gamma > 0:
                 self._took[requests[i].slot] = "suffix" if use_suffix else "dspark"
         self.cost.drafted = any(n > 0 for n in num)
-        return Proposal(tokens=tokens, num=num, probs=probs, confidence=conf)
+        return Proposal(tokens=tokens, num=num, probs=probs, confidence=conf, source=source)
 
     def _model_rows(self, e_s: list[float], block: bool) -> list[bool]:
         """Which requests DSpark drafts this round, suffix expecting e_s accepted tokens for each. Its forward is one

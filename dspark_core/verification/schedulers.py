@@ -23,7 +23,7 @@ admission of (r, j) never sees x_{r,j}: the non-anticipating property of lossles
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -137,13 +137,15 @@ def prefix_schedule(rows: Confidences, sps: SpsTable, *, early_stop: bool = True
 
 
 def padded_schedule(rows: Confidences, sps: SpsTable, sizes: Sequence[int], *, overhead_s: float = 0.0,
-                    batch_rows: int | None = None) -> PrefixDecision:
+                    batch_rows: int | None = None, step_s: Mapping[int, float] | None = None) -> PrefixDecision:
     """Algorithm 1 for a compiled step, whose batch is dense: every row runs T tokens, T the smallest step size
     holding the longest verify (modeling/compiled.py), and the row count is padded to `batch_rows`. The cost of a
     round is then set by one number, the tokens per row, so the choice is over the step sizes: for each size T,
     every request verifies min(T - 1, its drafts) tokens (the padding computes them anyway), tau* = sum_r (1 +
     survival of those tokens), Theta = tau* / (1 / SPS(rows x T) + overhead_s); the best T wins (T = 1: a plain
-    step). Lengths depend on the confidences only, as Algorithm 1's do."""
+    step). `step_s`: the measured seconds of the target step at a batch's token count, where the engine has run it
+    (EngineScheduler.step_s); it replaces the probe's 1 / SPS for that count. Lengths depend on the confidences
+    only, as Algorithm 1's do."""
     survival = prefix_survival(rows)
     n_req = len(survival)
     if n_req == 0:
@@ -159,7 +161,8 @@ def padded_schedule(rows: Confidences, sps: SpsTable, sizes: Sequence[int], *, o
             break
         lengths = [min(t - 1, len(r)) for r in survival]
         tau = sum(1.0 + sum(r[:n]) for r, n in zip(survival, lengths, strict=True))
-        theta = tau / (1.0 / sps.lookup(tokens) + overhead_s)
+        seconds = step_s.get(tokens) if step_s else None
+        theta = tau / ((seconds or 1.0 / sps.lookup(tokens)) + overhead_s)
         if best is None or theta > best.throughput:
             best = PrefixDecision(lengths, tokens, tau, theta)
     assert best is not None

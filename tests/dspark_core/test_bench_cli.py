@@ -29,6 +29,7 @@ def test_bench_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert rows["ar_draft"]["lossless"] is True and rows["ngram"]["lossless"] is True
     assert rows["ar_draft"]["tau"] >= 1.0 and 1 <= len(rows["ar_draft"]["position_acceptance"]) <= 4
     assert all(m["tokens_per_s"] > 0 for m in out["methods"])
+    assert rows["plain"]["full_batch_tokens_per_s"] > 0 and rows["hf_assisted"]["full_batch_tokens_per_s"] is None
     for m in out["methods"][1:]:  # the identity report: lossless only when every output is identical
         assert (m["identical_share"] == 1.0) == m["lossless"] and (m["first_divergence"] is None) == m["lossless"]
 

@@ -73,3 +73,14 @@ def test_proposal_shapes_and_calibrated_confidence(target) -> None:
     prop2 = d.propose(reqs)
     assert torch.equal(prop2.tokens, prop.tokens)
     torch.testing.assert_close(prop2.confidence[0], torch.full((3,), 0.5), atol=0.05, rtol=0)
+
+
+def test_full_batch_rounds_are_counted_apart_from_the_closed_batchs_tail(target) -> None:
+    """Four prompts on three slots: the rounds after the first request ends run two or fewer requests, so the tokens of
+    full-batch rounds are fewer than all rounds' (bench's full_batch_tokens_per_s, a server's speed under load)."""
+    gen = Engine(engine_config(method="plain", max_requests=3), target=target).generate(
+        PROMPTS, SamplingParams(max_new_tokens=8, ignore_eos=True))
+    st = gen.stats
+    assert 0 < st.full_tokens < st.round_tokens and 0 < st.full_s < st.decode_s
+    one = Engine(engine_config(method="plain", max_requests=1), target=target).generate(PROMPTS[:1], SP).stats
+    assert one.full_tokens == one.round_tokens and one.full_s == one.decode_s

@@ -140,10 +140,12 @@ def test_engine_schedulers_price_ragged_batches(tiny_target) -> None:
     sched = build_verify_scheduler(cfg, tiny_target, sps=SpsTable.flat(36))
     import torch
 
-    from dspark_core.drafters.base import Proposal
+    from dspark_core.drafters.base import DraftRequest, Proposal
+    from dspark_core.verification.sampling import SamplingParams
 
     conf = torch.tensor([[0.9, 0.9, 0.9], [0.9, 0.0, 0.0]])
-    lengths = sched.choose([], Proposal(tokens=torch.zeros(2, 3, dtype=torch.long), num=[3, 1], confidence=conf))
+    reqs = [DraftRequest(slot=i, tokens=[1, 2], gamma=3, sampling=SamplingParams()) for i in range(2)]
+    lengths = sched.choose(reqs, Proposal(tokens=torch.zeros(2, 3, dtype=torch.long), num=[3, 1], confidence=conf))
     assert sched._batch == sum(lengths) + 2  # ragged: each row pays its own verify length + 1, no padding
     assert ragged_rows(10, 4) == [3, 3, 2, 2] and ragged_rows(2, 4) == [1, 1, 1, 1]
 

@@ -54,6 +54,21 @@ def test_a_greedy_batch_decides_now_a_sampled_one_on_the_round_before() -> None:
     assert _round(s, 0.2, sampled=True) == [8] * 8
 
 
+def test_a_shape_the_engine_has_run_is_priced_by_its_measured_step() -> None:
+    """The probes priced an 8 x 3 step at 1.73x an 8 x 1 one; once the engine's own 8 x 3 steps take 2.5x, drafts of
+    confidence 0.6 (0.96 expected extra tokens a row) no longer pay for it. 5 rows x 2 tokens run as 8 x 3."""
+    reg = GammaRegulator(RegulatorConfig(gamma_min=1, gamma_max=8))
+    s = EngineScheduler(policy=make_scheduler("prefix", sps=LINE), regulator=reg, dense_sizes=(1, 3, 9))
+    assert _round(s, 0.6, sampled=False) == [2] * 8
+    s.step_took(8, 1, 1.0)
+    s.step_took(5, 2, 2.5)
+    assert s.step_s == {8: 1.0, 24: 2.5}
+    assert _round(s, 0.6, sampled=False) == [0] * 8
+    s.step_took(8, 3, 1.5)  # later steps at that shape move the estimate (EMA 0.2): 2.3, still too slow
+    assert s.step_s[24] == pytest.approx(2.3) and _round(s, 0.6, sampled=False) == [0] * 8
+    assert _round(s, 0.9, sampled=False) == [8] * 8  # 8 x 9, never run, keeps the probe's price: and pays
+
+
 @pytest.mark.parametrize(("scheduler", "want"), [("prefix", (1, 3, 9)), ("verify_all", (1, 9))])
 def test_the_engine_compiles_a_short_verify_where_a_scheduler_can_choose_it(scheduler: str, want: tuple) -> None:
     cfg = EngineConfig()
@@ -113,3 +128,27 @@ def test_dense_probes_run_on_the_engines_idle_cache(tiny_target) -> None:
         assert int(own.lens[2]) == 5
     finally:
         del tiny_target.forward
+
+
+def test_a_proposer_whose_drafts_fail_is_trusted_less_and_one_that_beats_its_estimate_more() -> None:
+    """Drafts of confidence 0.6 buy a 3-token step (0.96 expected extra a row); when a round of them is all
+    rejected, that proposer's factor falls to (0 + 8) / (7.68 + 8) and the next batch stays on 1-token steps.
+    Another proposer's rows keep their own calibration (the hybrid names each row's proposer)."""
+    from dspark_core.drafters.base import RoundResult
+
+    reg = GammaRegulator(RegulatorConfig(gamma_min=1, gamma_max=8))
+    s = EngineScheduler(policy=make_scheduler("prefix", sps=LINE), regulator=reg, dense_sizes=(1, 3, 9))
+    assert _round(s, 0.6, sampled=False) == [2] * 8
+    s.observe([RoundResult(slot=i, proposed=8, verified=2, accepted=0, new_tokens=[5]) for i in range(8)])
+    assert s.factor("") == pytest.approx(8 / (8 + 8 * 0.96)) and s.factor("dspark") == 1.0
+    assert _round(s, 0.6, sampled=False) == [0] * 8
+    s.observe([RoundResult(slot=i, proposed=8, verified=0, accepted=0, new_tokens=[5]) for i in range(8)])
+    assert s.factor("") == pytest.approx(8 / (8 + 8 * 0.96))  # a round that verified nothing: no change
+
+    sp = SamplingParams(temperature=0.0)
+    reqs = [DraftRequest(slot=i, tokens=[1, 2, 3], gamma=8, sampling=sp) for i in range(8)]
+    mixed = Proposal(torch.zeros(8, 8, dtype=torch.long), [8] * 8, confidence=torch.full((8, 8), 0.6),
+                     source=["dspark"] * 8)
+    assert s.choose(reqs, mixed) == [2] * 8  # dspark's rows: as calibrated
+    s.observe([RoundResult(slot=i, proposed=8, verified=2, accepted=2, new_tokens=[5, 6, 7]) for i in range(8)])
+    assert s.factor("dspark") == pytest.approx((16 + 8) / (8 * 0.96 + 8)) and s.factor("") < 1.0
