@@ -24,6 +24,9 @@ def _how(name: str, space: SearchSpace, plan: Plan) -> str:
         if e is None:
             return "tuned"
         where = f"{e.choices}" if e.kind == "choices" else f"[{e.low}, {e.high}]"
+        searched = list(getattr(space.distributions[name], "choices", None) or [])
+        if e.kind == "choices" and searched and searched != list(e.choices):  # the study widened or narrowed it
+            return f"tuned over {searched} (the plan's {where}, rules {', '.join(e.rules)}; the study's own space)"
         return f"tuned over {where} (rules {', '.join(e.rules)})"
     if name in plan.prefer:
         return f"preferred by {', '.join(plan.prefer[name].rules)}"

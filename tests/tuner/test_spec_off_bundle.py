@@ -54,3 +54,21 @@ def test_the_method_line_names_what_the_study_searched():
     assert off.startswith("Speculation is off in the exported configuration: plain decoding, chosen among")
     assert searched_methods(trials, SimpleNamespace(distributions={})) == {}
     assert searched_methods(trials, trials[2], maximize=False)["ngram"] == 42.4  # a minimised objective: the least
+
+
+def test_the_parameter_table_names_the_methods_the_study_searched() -> None:
+    """A measured study widens the plan's spec.method (plain and the hybrid added): the report's table says what was
+    searched and what the plan had, not the plan's list alone."""
+    from optuna.distributions import CategoricalDistribution
+
+    from kb.match import Plan, SpaceEntry
+    from tuner.report import _how
+    from tuner.space import SearchSpace
+
+    plan = Plan(space={"spec.method": SpaceEntry(kind="choices", choices=["dspark", "ngram"], type="cat",
+                                                 rules=["drafter:available"], why="")})
+    wide = SearchSpace({"spec.method": CategoricalDistribution(["dspark", "ngram", "hybrid", "plain"])}, {}, {}, {})
+    assert _how("spec.method", wide, plan) == ("tuned over ['dspark', 'ngram', 'hybrid', 'plain'] (the plan's "
+                                               "['dspark', 'ngram'], rules drafter:available; the study's own space)")
+    same = SearchSpace({"spec.method": CategoricalDistribution(["dspark", "ngram"])}, {}, {}, {})
+    assert _how("spec.method", same, plan) == "tuned over ['dspark', 'ngram'] (rules drafter:available)"
