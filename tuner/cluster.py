@@ -65,7 +65,7 @@ class Layout:
 
 
 @dataclass
-class Plan:
+class ClusterPlan:
     """Both serving modes' Pareto fronts at the SLO and the best point of each."""
 
     gpus: int
@@ -94,28 +94,23 @@ def tps(gpus: int, per_node: int = 8) -> list[int]:
 
 
 class _Costs:
-    """Forward times of one (model, GPU, dtype) at each TP, memoised (seconds)."""
+    """Forward times of one (model, GPU, dtype) at each TP, memoised (seconds), priced as the simulator prices them
+    (SimulateEvaluator.perf)."""
 
     def __init__(self, profile: Any, dtype: str, kv_dtype: str, engine: str, cost: str) -> None:
-        self.profile, self.dtype, self.kv_dtype, self.engine, self.cost = profile, dtype, kv_dtype, engine, cost
+        from tuner.estimate import resolved_cost
+        from tuner.objective import SimulateEvaluator
+
+        self.ev = SimulateEvaluator(profile, cost=resolved_cost(cost, profile, engine), engine=engine)
+        self.dtype, self.kv_dtype = dtype, kv_dtype
         self._perf: dict[int, Any] = {}
         self._memo: dict[tuple, float] = {}
         self.source = ""
 
     def perf(self, tp: int) -> Any:
         if tp not in self._perf:
-            from tuner.perf import Efficiency, Hardware, ModelShape, PerfModel
-
-            p = self.profile
-            base = PerfModel(ModelShape.from_profile(p), Hardware.from_profile(p), Efficiency.prior(p.hw),
-                             weights_dtype=self.dtype, kv_dtype=self.kv_dtype, tp=tp)
-            perf = base
-            if self.cost != "roofline":
-                from tuner.aic import aic_perf
-
-                perf, _why = aic_perf(base, p, self.engine)
-            self._perf[tp] = perf
-            self.source = self.source or perf.cost_source
+            self._perf[tp] = self.ev.perf({"weights.dtype": self.dtype, "kv.dtype": self.kv_dtype, "parallel.tp": tp})
+            self.source = self.source or self._perf[tp].cost_source
         return self._perf[tp]
 
     def decode(self, tp: int, batch: int, context: float) -> float:
@@ -194,7 +189,7 @@ def _disagg(c: _Costs, gpus: int, isl: int, osl: int, slo: Slo, per_node: int, l
 
 def plan(profile: Any, gpus: int, isl: int, osl: int, slo: Slo, serving: str = "auto", *, dtype: str = "bf16",
          kv_dtype: str = "bf16", engine: str = "sglang", cost: str = "auto", per_node: int = 8,
-         link_gbs: float | None = None) -> Plan:
+         link_gbs: float | None = None) -> ClusterPlan:
     """The Pareto fronts of `serving` (agg, disagg or auto: both) for `profile`'s model on `gpus` of its GPU at
     ISL / OSL and `slo`. `link_gbs`: GB/s a prefill worker's KV crosses to a decode worker (default: the GPU
     catalogue's network link per GPU)."""
@@ -203,7 +198,7 @@ def plan(profile: Any, gpus: int, isl: int, osl: int, slo: Slo, serving: str = "
     if gpus < 1 or isl < 1 or osl < 1:
         raise TunerError(f"--gpus, --isl and --osl must be positive (got {gpus}, {isl}, {osl})")
     c = _Costs(profile, dtype, kv_dtype, engine, cost)
-    out = Plan(gpus, slo)
+    out = ClusterPlan(gpus, slo)
     if serving in ("agg", "auto"):
         out.fronts["agg"] = pareto(_agg(c, gpus, isl, osl, slo, per_node))
     if serving in ("disagg", "auto") and gpus >= 2:

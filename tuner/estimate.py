@@ -156,8 +156,7 @@ def _run(profile: Any, case: Case, tp: int, method: str, draft: Any = None) -> d
         params["spec.head"] = "markov"
     if method == "dflash":
         params["spec.head"] = "none"
-    cost = "aic" if case.cost == "auto" and _aic_covers(profile, case.engine) else (
-        "roofline" if case.cost == "auto" else case.cost)
+    cost = resolved_cost(case.cost, profile, case.engine)
     ev = SimulateEvaluator(profile, n_requests=REQUESTS_PER_CLIENT * case.concurrency, repeats=2, cost=cost,
                            engine=case.engine)
     perf, why = ev.perf_why(params)
@@ -183,6 +182,13 @@ def _run(profile: Any, case: Case, tp: int, method: str, draft: Any = None) -> d
             "tau": round(sum(r.tau for r in runs) / n, 3) if k else 1.0,
             "acceptance": accept.source if k else None,
             "cost_source": perf.cost_source + (f" ({why})" if why else "")}
+
+
+def resolved_cost(cost: str, profile: Any, engine: str = "sglang") -> str:
+    """`cost` (auto | aic | roofline) as it prices `profile`: auto is AIC's tables where they cover the model."""
+    if cost != "auto":
+        return cost
+    return "aic" if _aic_covers(profile, engine) else "roofline"
 
 
 def _aic_covers(profile: Any, engine: str = "sglang") -> bool:

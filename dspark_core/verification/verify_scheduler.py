@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dspark_core.drafters.suffix_tree import expected_accepted
 from dspark_core.errors import DSparkError
 from dspark_core.verification.gamma_policy import (
     NO_CLASSES,
@@ -58,7 +59,6 @@ class EngineScheduler:
     acceptance: RollingAcceptance = field(default_factory=RollingAcceptance)  # per slot, for the learned policies
     _planned: dict[int, int] = field(default_factory=dict, repr=False)  # slot -> this round's learned block
     step_s: dict[int, float] = field(default_factory=dict)  # dense: measured step seconds per batch tokens (EMA)
-    recalibrate: bool = True  # prefix / async_topk: scale each proposer's confidences by its measured acceptance
     calibration: dict[str, list[float]] = field(default_factory=dict)  # proposer -> [accepted, expected], decayed
     _expect: dict[int, tuple[str, float]] = field(default_factory=dict, repr=False)  # slot -> (proposer, expected)
 
@@ -135,15 +135,14 @@ class EngineScheduler:
                 self.policy.context = RoundContext(recent_acceptance=recent, entropy=ent)
         ranked = self.policy.name in ("prefix", "async_topk")
         source = proposal.source or [""] * len(rows)
-        used = [self._scaled(row, src) for row, src in zip(rows, source, strict=True)] \
-            if ranked and self.recalibrate else rows
+        used = [self._scaled(row, src) for row, src in zip(rows, source, strict=True)] if ranked else rows
         if self.dense_sizes and ranked:
             lengths, self._batch = self._dense(requests, used)
         else:
             lengths = self.policy.schedule(used)
             self._batch = sum(lengths) + len(rows)  # ragged verify batch in tokens
-        if ranked and self.recalibrate:
-            self._expect = {r.slot: (src, _expected(row, n))
+        if ranked:
+            self._expect = {r.slot: (src, expected_accepted(row[:n]))
                             for r, row, src, n in zip(requests, rows, source, lengths, strict=True) if n}
         if self.log is not None:
             self._seen = dict(running=len(rows), waiting=self.waiting, confidence=rows, entropy=ent,
@@ -203,8 +202,14 @@ class EngineScheduler:
                                   batch_rows=padded, step_s=self.step_s)
             t = dec.batch_tokens // padded
         lengths = [min(t - 1, len(r)) for r in rows]
-        need = max(lengths) + 1
-        return lengths, padded * min([s for s in self.dense_sizes if s >= need] or [need])
+        return lengths, self._dense_tokens(len(rows), max(lengths) + 1)
+
+    def _dense_tokens(self, rows: int, tokens: int) -> int:
+        """The tokens a compiled step runs for `rows` requests of up to `tokens` each: the rows padded to a power of
+        two, each the smallest step size holding `tokens` (modeling/compiled.py)."""
+        from dspark_core.modeling.compiled import bucket
+
+        return bucket(rows) * min([s for s in self.dense_sizes if s >= tokens] or [tokens])
 
     def step_took(self, rows: int, tokens: int, seconds: float) -> None:
         """The target step of a round (`rows` requests x `tokens` each, up to its logits read) took `seconds`: on a
@@ -214,10 +219,7 @@ class EngineScheduler:
         could not pay for."""
         if not self.dense_sizes or not self.learn_overhead or rows < 1:
             return
-        from dspark_core.modeling.compiled import bucket
-
-        t = min([s for s in self.dense_sizes if s >= tokens] or [tokens])
-        key = bucket(rows) * t
+        key = self._dense_tokens(rows, tokens)
         old = self.step_s.get(key)
         self.step_s[key] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
 
@@ -255,15 +257,6 @@ class EngineScheduler:
 
 CAL_DECAY = 0.98  # per round: a proposer's calibration remembers ~50 rounds
 CAL_PRIOR = 8.0  # tokens of "as calibrated" every factor starts from
-
-
-def _expected(conf: list[float], n: int) -> float:
-    """Expected accepted drafts of a row verifying its first n: the sum of the prefix-survival probabilities."""
-    total, alive = 0.0, 1.0
-    for c in conf[:n]:
-        alive *= c
-        total += alive
-    return total
 
 
 def ragged_rows(batch_tokens: int, rows: int) -> list[int]:
