@@ -4,9 +4,9 @@ by bash, unmodified, against the released engines' own code.
 `python benchmarks/interop_check.py [--cases qwen3/h100,...] [--write] [--json]`
 
 1. A cached venv (`$XDG_CACHE_HOME/dspark-tune/interop/venv`, rebuilt when benchmarks/interop/requirements-light.txt
-   changes) holds sglang 0.5.23, vllm 0.33.0 and speculators 0.9.0, installed `--no-deps` over the local CPU
-   torch 2.13.0 with pinned light dependencies (the released packages pin conflicting torch versions; a CUDA
-   torchvision is the only one on PyPI, benchmarks/interop/torchvision_cpu_shim.py lets it import).
+   changes) holds sglang 0.5.23, vllm 0.33.0, speculators 0.9.0 and sglang-router 0.3.2, installed `--no-deps` over
+   the local CPU torch 2.13.0 with pinned light dependencies (the released packages pin conflicting torch versions;
+   a CUDA torchvision is the only one on PyPI, benchmarks/interop/torchvision_cpu_shim.py lets it import).
 2. Per case, `python cli.py profile ...` and `python cli.py tune ...` write a bundle into a temporary folder.
 3. `bash sglang.sh` and `bash vllm.sh` run with `python` and `vllm` on PATH replaced by
    benchmarks/interop/check_sglang.py and check_vllm.py (in the peer venv): the scripts' own quoting, defaults
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent / "interop"
 sys.path.insert(0, str(ROOT))
 
-PEERS = ("sglang==0.5.23", "vllm==0.33.0", "speculators==0.9.0")
+PEERS = ("sglang==0.5.23", "vllm==0.33.0", "speculators==0.9.0", "sglang-router==0.3.2")
 CASES = {  # name -> (profile arguments, tune arguments)
     "qwen3/h100": (["--model", "qwen3"], ["--gpu", "h100"]),
     "llama-3.1-70b/h200": (["--model", "llama-3.1-70b", "--gpu", "h200"], []),
@@ -129,12 +129,18 @@ def vllm_cpu_check(bundle: Path, py: Path) -> dict:
 def _shims(folder: Path, py: Path) -> Path:
     """`python` and `vllm` commands that hand the scripts' command lines to the checkers."""
     folder.mkdir(parents=True, exist_ok=True)
+    # run(): a checker's JSON to stdout, or (INTEROP_OUT set: several servers at once) to a file of its own, then
+    # (INTEROP_HOLD set) stay up that many seconds, as a server would
+    run = ('run() { if [ -n "${INTEROP_OUT:-}" ]; then "$@" > "$INTEROP_OUT/$$.json"; else "$@"; fi; rc=$?; '
+           'if [ -n "${INTEROP_HOLD:-}" ]; then sleep "$INTEROP_HOLD"; fi; exit $rc; }\n')
     (folder / "python").write_text(
-        "#!/usr/bin/env bash\n"
+        "#!/usr/bin/env bash\n" + run +
         'if [ "${1:-}" = "-m" ] && [ "${2:-}" = "sglang.launch_server" ]; then shift 2; '
-        f'exec {py} {HERE / "check_sglang.py"} "$@"; fi\n'
+        f'run {py} {HERE / "check_sglang.py"} "$@"; fi\n'
+        'if [ "${1:-}" = "-m" ] && [ "${2:-}" = "sglang_router.launch_router" ]; then shift 2; '
+        f'run {py} {HERE / "check_router.py"} "$@"; fi\n'
         f'exec {py} "$@"\n')
-    (folder / "vllm").write_text(f'#!/usr/bin/env bash\nexec {py} {HERE / "check_vllm.py"} "$@"\n')
+    (folder / "vllm").write_text(f'#!/usr/bin/env bash\n{run}run {py} {HERE / "check_vllm.py"} "$@"\n')
     for f in ("python", "vllm"):
         (folder / f).chmod(0o755)
     return folder
@@ -450,14 +456,17 @@ def main() -> int:
     ok = all("error" not in r and verdict(r)[0].startswith("pass")
              and (verdict(r)[1].startswith("pass") or verdict(r)[1].startswith("refused"))
              and r.get("vllm_cpu", {"ok": True})["ok"] and r.get("control", {"caught": True})["caught"] for r in rows)
-    if a.json:
-        print(json.dumps({"ok": ok, "rows": rows}, default=str))
-    else:
-        print(table(rows))
-    if a.write:
+    return finish(rows, ok, a.json, a.write, table, write_results)
+
+
+def finish(rows: list[dict], ok: bool, as_json: bool, write: bool, render, record) -> int:  # noqa: ANN001
+    """Print the rows (as JSON, or `render`'s table) and, with `write`, `record` them stamped with the commit and
+    the time; the exit code."""
+    print(json.dumps({"ok": ok, "rows": rows}, default=str) if as_json else render(rows))
+    if write:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True).stdout.strip()
-        write_results(rows, f"commit {head}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+        record(rows, f"commit {head}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     return 0 if ok else 1
 
 

@@ -14,15 +14,44 @@ Each mode's candidates meeting the TTFT / TPOT SLOs form a Pareto front of token
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tuner.errors import TunerError
 
 BATCHES = (1, 2, 4, *range(8, 513, 8))  # decode batch sizes tried per worker
-PREFILL_BATCHES = (1, 2, 4, 8)  # prompts a prefill worker batches into one forward
 MEMORY_FRACTION = 0.88  # of GPU memory for weights + KV (SGLang's --mem-fraction-static default range)
 NETWORK_GBS = 50.0  # per GPU between nodes: one 400 Gb/s ConnectX-7 per GPU in NVIDIA DGX H100 / H200 / B200
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """What a plan assumes beyond the priced forwards: how disaggregated workers lose against their isolated rates,
+    which worker shapes pair, and what TTFT pays. `OURS` is what the planner assumes;
+    `AIC_SGLANG` is what AIConfigurator 0.12.0 assumes for SGLang (its `aiconfigurator/sdk` files, cited in
+    benchmarks/bench_vs_aic_cluster.py), so the comparison can tell pricing apart from assumptions. The defaults
+    assume nothing: no loss, any worker shapes."""
+
+    prefill_scale: float = 1.0  # a prefill forward's latency x this
+    decode_scale: float = 1.0  # a disaggregated decode step x this
+    prefill_share: float = 1.0  # of a prefill pool's isolated rate that rate matching gets
+    decode_share: float = 1.0  # of a decode pool's
+    ttft_scale: float = 1.0  # TTFT = this x the prefill (queueing under load)
+    same_tp: bool = False  # prefill and decode workers of one TP only
+    prefill_batches: tuple[int, ...] = (1, 2, 4, 8)  # prompts a prefill worker batches into one forward
+    kv_transfer: bool = True  # charge the KV's crossing to the decode worker
+    replica_sizes: tuple[int, ...] = ()  # GPUs one xPyD group may take, the cluster holding whole groups (): any
+
+
+# the planner's own: AIC's empirical losses of disaggregated serving (its only measured figures for it: prefill and
+# decode latency corrections, rate-matching degradations, TTFT's queueing factor; aiconfigurator 0.12.0
+# sdk/task_v2.py:643-644, sdk/sweep.py:65-75), with the physics AIC leaves out (the KV transfer) and the layouts SGLang
+# runs that AIC does not search (prefill / decode of different TP over mooncake, SGLang PRs 5922 and 6793; batched
+# prefills; any x, y filling the cluster)
+OURS = Assumptions(prefill_scale=1.1, decode_scale=1.08, prefill_share=0.9, decode_share=0.92, ttft_scale=1.8)
+AIC_SGLANG = Assumptions(prefill_scale=1.1, decode_scale=1.08, prefill_share=0.9, decode_share=0.92, ttft_scale=1.8,
+                         same_tp=True, prefill_batches=(1,), kv_transfer=False,
+                         replica_sizes=(1, 2, 4, 8, *range(16, 129, 8)))
 
 
 @dataclass(frozen=True)
@@ -52,6 +81,8 @@ class Layout:
     decode_tp: int = 0  # disagg: TP of a decode worker
     decode_workers: int = 0
     decode_batch: int = 0  # disagg: requests per decode worker
+    prefill_rate: float = 0.0  # disagg: requests/s one prefill worker completes
+    decode_rate: float = 0.0  # disagg: requests/s one decode worker completes
 
     def describe(self) -> str:
         """One line: the layout and its figures."""
@@ -72,6 +103,7 @@ class ClusterPlan:
     slo: Slo
     fronts: dict[str, list[Layout]] = field(default_factory=dict)  # mode -> front, best tok/s/GPU first
     cost_source: str = ""  # what priced the forwards
+    dtype: str = "bf16"  # weights (and KV cache) the forwards were priced in
 
     def best(self, mode: str | None = None) -> Layout | None:
         """The layout with the most tokens/s per GPU (of `mode`, or of either)."""
@@ -89,8 +121,14 @@ def pareto(points: list[Layout]) -> list[Layout]:
 
 
 def tps(gpus: int, per_node: int = 8) -> list[int]:
-    """TP sizes a worker may take: powers of two within one node and the cluster."""
-    return [t for t in (1, 2, 4, 8, 16) if t <= min(gpus, per_node)]
+    """TP sizes a worker may take: powers of two within the cluster that divide a node (a worker never spans
+    nodes, and workers of these sizes pack the nodes without a gap)."""
+    return [t for t in (1, 2, 4, 8, 16) if t <= min(gpus, per_node) and per_node % t == 0]
+
+
+def replicas_of(gpus: int, tp: int, per_node: int) -> int:
+    """Replicas of TP `tp` that whole nodes of `per_node` GPUs (and the rest of one) hold."""
+    return (gpus // per_node) * (per_node // tp) + (gpus % per_node) // tp
 
 
 class _Costs:
@@ -134,7 +172,7 @@ def _agg(c: _Costs, gpus: int, isl: int, osl: int, slo: Slo, per_node: int) -> l
     out = []
     ctx = isl + osl / 2
     for t in tps(gpus, per_node):
-        replicas = gpus // t
+        replicas = replicas_of(gpus, t, per_node)
         pre = c.prefill(t, 1, isl)
         for b in BATCHES:
             if not c.fits(t, b, isl + osl):
@@ -148,16 +186,18 @@ def _agg(c: _Costs, gpus: int, isl: int, osl: int, slo: Slo, per_node: int) -> l
     return out
 
 
-def _disagg(c: _Costs, gpus: int, isl: int, osl: int, slo: Slo, per_node: int, link_bytes_s: float) -> list[Layout]:
+def _disagg(c: _Costs, gpus: int, isl: int, osl: int, slo: Slo, per_node: int, link_bytes_s: float,
+            how: Assumptions = OURS) -> list[Layout]:
     ctx = isl + osl / 2
-    kv_s = isl * c.perf(1).kv_bytes_per_token() / link_bytes_s if link_bytes_s > 0 else 0.0
+    moved = how.kv_transfer and link_bytes_s > 0
+    kv_s = isl * c.perf(1).kv_bytes_per_token() / link_bytes_s if moved else 0.0
     prefills = []  # (tp, batch, requests/s per worker, ttft s)
     for t in tps(gpus, per_node):
-        for b in PREFILL_BATCHES:
+        for b in how.prefill_batches:
             if not c.fits(t, b, isl):
                 break
-            took = c.prefill(t, b, isl)
-            ttft = took + kv_s
+            took = c.prefill(t, b, isl) * how.prefill_scale
+            ttft = took * how.ttft_scale + kv_s
             if ttft * 1e3 <= slo.ttft_ms:
                 prefills.append((t, b, b / took, ttft))
     decodes = []  # (tp, batch, requests/s per worker, tpot s)
@@ -165,31 +205,67 @@ def _disagg(c: _Costs, gpus: int, isl: int, osl: int, slo: Slo, per_node: int, l
         for b in BATCHES:
             if not c.fits(t, b, isl + osl):
                 break
-            tpot = c.decode(t, b, ctx)
+            tpot = c.decode(t, b, ctx) * how.decode_scale
             if tpot * 1e3 <= slo.tpot_ms:
                 decodes.append((t, b, b / tpot / osl, tpot))
     out = []
     for pt, pb, prate, ttft in prefills:
         for dt, db, drate, tpot in decodes:
-            best: Layout | None = None
-            for x in range(1, gpus // pt):
-                y = (gpus - x * pt) // dt
-                if y < 1:
-                    break
-                used = x * pt + y * dt
-                rate = min(x * prate, y * drate)
-                lay = Layout("disagg", used, rate * osl / gpus, 1 / tpot, ttft * 1e3, tpot * 1e3, prefill_tp=pt,
-                             prefill_workers=x, prefill_batch=pb, decode_tp=dt, decode_workers=y, decode_batch=db)
-                if best is None or lay.tokens_per_s_gpu > best.tokens_per_s_gpu:
-                    best = lay
+            if how.same_tp and pt != dt:
+                continue
+            best = _split(gpus, osl, Layout("disagg", 0, 0.0, 1 / tpot, ttft * 1e3, tpot * 1e3, prefill_tp=pt,
+                                             prefill_batch=pb, decode_tp=dt, decode_batch=db,
+                                             prefill_rate=prate * how.prefill_share,
+                                             decode_rate=drate * how.decode_share), how.replica_sizes)
             if best is not None:
                 out.append(best)
     return out
 
 
+def _split(gpus: int, osl: int, lay: Layout, replica_sizes: tuple[int, ...] = ()) -> Layout | None:
+    """`lay` (a disaggregated pair of worker shapes) with the prefill / decode worker counts that serve the most
+    requests on `gpus`: x prefill and y decode workers serve min(x x prefill rate, y x decode rate) a second. With
+    `replica_sizes`, the x + y workers form a group of exactly one of those GPU counts and the cluster holds as many
+    whole groups as fit (the rest idle)."""
+    best: Layout | None = None
+    for x in range(1, gpus // lay.prefill_tp):
+        rest = (gpus - x * lay.prefill_tp) // lay.decode_tp
+        if rest < 1:
+            break
+        ys = range(1, rest + 1) if replica_sizes else range(rest, rest + 1)  # filling the cluster: the most D
+        for y in ys:
+            size = x * lay.prefill_tp + y * lay.decode_tp
+            if replica_sizes and size not in replica_sizes:
+                continue
+            groups = gpus // size if replica_sizes else 1
+            rate = min(x * lay.prefill_rate, y * lay.decode_rate) * groups
+            got = replace(lay, gpus=size * groups, tokens_per_s_gpu=rate * osl / gpus, prefill_workers=x * groups,
+                          decode_workers=y * groups)
+            if best is None or got.tokens_per_s_gpu > best.tokens_per_s_gpu:
+                best = got
+    return best
+
+
+def with_worker(lay: Layout, worker_tokens_s: float, tpot_ms: float, cluster_gpus: int, osl: int,
+                how: Assumptions = OURS) -> Layout:
+    """`lay` with its decoding server as tuned: one replica (agg) or decode worker (disagg) emitting
+    `worker_tokens_s` output tokens a second at a mean TPOT of `tpot_ms` when alone (the simulator's figures).
+    Aggregated, the replicas serve that each; disaggregated, the decode workers complete that / OSL requests a
+    second, with the plan's disaggregation losses (`how`), so the prefill / decode split is searched again."""
+    if lay.mode == "agg":
+        return replace(lay, tokens_per_s_gpu=worker_tokens_s * lay.replicas / cluster_gpus,
+                       tokens_per_s_user=1e3 / tpot_ms, tpot_ms=tpot_ms)
+    tpot = tpot_ms * how.decode_scale
+    rate = worker_tokens_s / osl / how.decode_scale * how.decode_share
+    got = _split(cluster_gpus, osl, replace(lay, decode_rate=rate, tpot_ms=tpot, tokens_per_s_user=1e3 / tpot),
+                 how.replica_sizes)
+    assert got is not None  # the same worker shapes fit as before
+    return got
+
+
 def plan(profile: Any, gpus: int, isl: int, osl: int, slo: Slo, serving: str = "auto", *, dtype: str = "bf16",
          kv_dtype: str = "bf16", engine: str = "sglang", cost: str = "auto", per_node: int = 8,
-         link_gbs: float | None = None) -> ClusterPlan:
+         link_gbs: float | None = None, how: Assumptions = OURS) -> ClusterPlan:
     """The Pareto fronts of `serving` (agg, disagg or auto: both) for `profile`'s model on `gpus` of its GPU at
     ISL / OSL and `slo`. `link_gbs`: GB/s a prefill worker's KV crosses to a decode worker (default: the GPU
     catalogue's network link per GPU)."""
@@ -203,6 +279,6 @@ def plan(profile: Any, gpus: int, isl: int, osl: int, slo: Slo, serving: str = "
         out.fronts["agg"] = pareto(_agg(c, gpus, isl, osl, slo, per_node))
     if serving in ("disagg", "auto") and gpus >= 2:
         link = link_gbs if link_gbs is not None else NETWORK_GBS
-        out.fronts["disagg"] = pareto(_disagg(c, gpus, isl, osl, slo, per_node, link * 1e9))
-    out.cost_source = c.source
+        out.fronts["disagg"] = pareto(_disagg(c, gpus, isl, osl, slo, per_node, link * 1e9, how))
+    out.cost_source, out.dtype = c.source, dtype
     return out

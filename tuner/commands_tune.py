@@ -50,16 +50,17 @@ def _gpu_ref(profile) -> str | None:
 
 
 def resolve_profile(database, model: str | None, gpu: str | None, workload: str | None,
-                    traffic: Traffic | None = None, drafter: str | None = None):
+                    traffic: Traffic | None = None, drafter: str | None = None, gpus: int | None = None):
     """The profile to tune: the latest stored one, with --model/--gpu/--workload and the traffic options
     (`profiler.workload.Traffic`) overriding parts. What is not overridden is carried over from the stored
     profile: its workload as profiled (a preset's or a file's figures, the user's SLOs), its accuracy floor
-    and its device count, so `profile --slo-tpot-ms 20 && tune --gpu h100` tunes for 20 ms on H100s."""
+    and its device count (unless `gpus` is given), so `profile --slo-tpot-ms 20 && tune --gpu h100` tunes for 20 ms
+    on H100s."""
     from kb.store import latest_profile, save_profile
     from profiler.build import build_profile
 
     latest = latest_profile(database)
-    given = bool(model or gpu or workload or drafter or (traffic is not None and traffic.given()))
+    given = bool(model or gpu or workload or drafter or gpus or (traffic is not None and traffic.given()))
     if latest is None and not model:
         raise TunerError("no stored profile and no --model; run 'dspark profile --model NAME' first or pass --model")
     if latest is not None and not given:
@@ -76,7 +77,7 @@ def resolve_profile(database, model: str | None, gpu: str | None, workload: str 
     profile = build_profile(model=model or _model_ref(base), gpu=hw_ref,
                             workload=workload or base_wl, measure=(hw_ref or "").lower() in LOCAL_GPUS,
                             quality=base.workload.quality if base else None,
-                            gpus=base.hw.count if base and base.hw else None, traffic=traffic,
+                            gpus=gpus or (base.hw.count if base and base.hw else None), traffic=traffic,
                             drafter=drafter or (base.drafter.chosen if same_model and base else None))
     _keep_production_acceptance(database, profile)
     _refuse_unsafe(profile)
@@ -123,8 +124,10 @@ def _keep_production_acceptance(database, profile) -> None:  # noqa: ANN001 - kb
 
 def _default_study(profile, plan_json: dict[str, Any], mode: str, objectives: list[str], seed: int,
                    cost: str = "roofline", calibration: dict[str, Any] | None = None,
-                   deploy: str | None = None) -> str:
+                   deploy: str | None = None, cluster: dict[str, Any] | None = None) -> str:
     key = [profile.content_hash(), plan_json.get("space"), plan_json.get("fixed"), mode, objectives, seed]
+    if cluster is not None:  # the same server of another deployment is another study
+        key.append(cluster)
     if deploy is not None:  # the searched space depends on it (tuner/deploy.py)
         key.append(f"deploy={deploy}")
     if mode == "simulate" and cost != "roofline":  # (roofline studies keep the names they had before AIC)
@@ -238,6 +241,14 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                                                     "measured on this CPU, else both; a resumed study keeps its "
                                                     "own. The search holds only what they run; only their scripts "
                                                     "are exported.")] = None,
+         gpus: Annotated[int | None, typer.Option(min=1, help="GPUs of the deployment (default: the stored "
+                                                  "profile's); with --serving, the whole cluster's.")] = None,
+         serving: Annotated[str | None, typer.Option(help="Plan the deployment across --gpus first: agg (replicas "
+                                                     "behind a router), disagg (prefill / decode workers) or auto "
+                                                     "(the better of both); then tune the server that decodes and "
+                                                     "export every worker's launch script.")] = None,
+         nodes: Annotated[int | None, typer.Option(min=1, help="--serving: nodes the GPUs are on (default: nodes "
+                                                   "of eight).")] = None,
          db: DbOpt = None, rules: RulesOpt = None, as_json: JsonOpt = False) -> None:
     """Tune DSpark for a model, GPU and workload, then export the deployable bundle."""
     from kb.commands import open_synced
@@ -271,6 +282,12 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         raise TunerError("--mode live needs --engine dspark|vllm|sglang")
     if load not in ("closed", "sweep"):
         raise TunerError(f"--load {load!r}: choose closed or sweep")
+    if serving is not None:
+        from tuner.cluster_tune import check_serving
+
+        check_serving(serving, engine, mode)
+    elif nodes is not None:
+        raise TunerError("--nodes places the GPUs of a planned deployment: add --serving agg|disagg|auto")
     if deploy is not None:
         from tuner.deploy import check
 
@@ -284,8 +301,8 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
     from profiler.workload import Traffic
 
     traffic = Traffic(concurrency, slo_ttft_ms, slo_tpot_ms)
-    resume = study_name is not None and not (model or gpu or workload or drafter or traffic.given()) and \
-        _exists(url, study_name)
+    resume = study_name is not None and not (model or gpu or workload or drafter or gpus or serving or
+                                             traffic.given()) and _exists(url, study_name)
     if resume:  # a study stored before these checks existed: refused before its trials, not at its export
         stored = st.StudySpec.model_validate(st.open_study(url, study_name, None).user_attrs[st.SPEC_ATTR])
         _refuse_unsafe(stored.profile_model())
@@ -295,11 +312,20 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                              f"resume it, or give a new --study for --deploy {deploy}")
     else:
         here = "auto" if engine is not None and gpu is None else gpu  # a live engine runs on this machine
-        profile_id, profile = resolve_profile(database, model, here, workload, traffic, drafter)
+        choice = None
+        if serving is not None:  # the deployment first, then its decoding server is what the study tunes
+            from tuner.cluster_tune import plan_deployment
+
+            choice, (profile_id, profile) = plan_deployment(database, model, here, workload, traffic, drafter, gpus,
+                                                            nodes, serving, cost, quiet=as_json)
+        else:
+            profile_id, profile = resolve_profile(database, model, here, workload, traffic, drafter, gpus)
         try:
             plan = match_profile(enabled_rules(database), profile)
         except PlanConflict as e:
             raise TunerError(f"no plan for this profile: {e}") from None
+        if choice is not None:
+            plan = choice.pin(plan)
         plan_json = plan.model_dump(mode="json")
         plan_id = save_plan(database, profile_id, plan_json, plan.rule_refs())
         local = (profile.hw.arch == "cpu") or (gpu or "").lower() in LOCAL_GPUS
@@ -316,7 +342,8 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                             plan=plan_json, plan_id=plan_id, mode=chosen, objectives=objectives,
                             slo_ttft_ms=slo.ttft_ms if slo else None, slo_tpot_ms=slo.tpot_ms if slo else None,
                             seed=seed, tool_version=tool, trial_seconds=trial_seconds, cost=priced,
-                            deploy=deploy or default_deploy(chosen, profile))
+                            deploy=deploy or default_deploy(chosen, profile),
+                            cluster=choice.to_json() if choice is not None else None)
         if chosen != "live":
             spec.space()  # a deploy that leaves nothing runnable is one line now, not in the first trial
         if chosen in ("simulate", "live") and calibrated:
@@ -327,7 +354,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
             spec = _live_spec(spec, engine, engine_python, draft, trial_requests, trial_max_tokens, startup_seconds,
                               quiet=as_json).model_copy(update={"live_load": load, "hot_trials": hot_trials})
         study_name = study_name or _default_study(profile, plan_json, chosen, objectives, seed, priced,
-                                                  spec.calibration, spec.deploy)
+                                                  spec.calibration, spec.deploy, spec.cluster)
         st.open_study(url, study_name, spec)
     if not as_json:
         shown = escape(study_name)  # a name or path with [brackets] is text, not Rich markup
@@ -359,7 +386,9 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
     if as_json:
         print_json(summary)
     else:
-        _print_summary(summary)
+        from tuner.tune_summary import print_summary
+
+        print_summary(summary)
     if not result.meets_slo:
         raise TunerError(f"no configuration met the SLOs in {summary['trials']} trials; {out}/ holds the closest "
                          "one and report.md says by how much (loosen the SLOs, add GPUs or change the workload)")
@@ -423,33 +452,6 @@ def _exists(url: str, name: str) -> bool:
     from tuner.study import storage
 
     return name in {s.study_name for s in optuna.get_all_study_summaries(storage(url))}
-
-
-def _print_summary(s: dict[str, Any]) -> None:
-    mode = "SIMULATED" if s["mode"] == "simulate" else "MEASURED"
-    console.print(f"[bold]{mode}[/] study {escape(s['study'])}: {s['trials']} trials, exported trial {s['trial']} "
-                  f"{'(meets the SLOs)' if s['meets_slo'] else '[red](no trial met the SLOs)[/]'}")
-    m = s["metrics"]
-    if m:
-        console.print(f"  throughput {m.get('throughput', 0):,.0f} tok/s/GPU, "
-                      f"p99 TPOT {m.get('tpot_p99_ms', 0):.2f} ms, "
-                      f"p99 TTFT {m.get('ttft_p99_ms', 0):.0f} ms, tau {m.get('tau', 0):.2f}")
-    p = s["params"]
-    method = p.get("spec.method", "dspark") if p.get("spec.enabled", True) else "none"
-    console.print(f"  method {method}, gamma {p['spec.block_size']}, head {p['spec.head']}, "
-                  f"scheduler {p['spec.scheduler']}, "
-                  f"max requests {p['batch.max_requests']}, weights {p['weights.dtype']}, kv {p['kv.dtype']}, "
-                  f"tp {p['parallel.tp']}")
-    console.print(f"  bundle: {escape(str(s['out']))}/ ({', '.join(s['files'])})")
-    if s.get("calibration"):
-        c = s["calibration"]
-        how = "efficiencies refitted, " if c.get("efficiency") else ""
-        console.print(f"  simulator calibrated on {c['trials']:.0f} trials ({how}residual scale x{c['scale']:.3g}; "
-                      f"measured / predicted spread x{c['spread_before']:.2f} -> x{c['spread']:.2f}); later studies "
-                      "of this hardware simulate with it")
-        if c.get("at_grid_edge"):
-            console.print(f"  note: {', '.join(c['at_grid_edge'])} at the top of the calibration grid (the machine may "
-                          "be slower still there)", highlight=False)
 
 
 def export(study_name: Annotated[str, typer.Option("--study", help="Study to export.")],

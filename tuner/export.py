@@ -39,10 +39,12 @@ class ExportResult:
     metrics: dict[str, float]
     params: dict[str, Any]
     mode: str
+    cluster: dict[str, Any] | None = None  # tune --serving: cluster.json's content
 
     def to_json(self) -> dict[str, Any]:
         return {"out": str(self.out), "files": self.files, "trial": self.trial_number, "meets_slo": self.meets_slo,
-                "metrics": self.metrics, "params": self.params, "mode": self.mode}
+                "metrics": self.metrics, "params": self.params, "mode": self.mode,
+                **({"cluster": self.cluster} if self.cluster else {})}
 
 
 def _closest(study, spec: StudySpec):  # -> FrozenTrial
@@ -105,7 +107,9 @@ def _ship_drafter(src: Path, dst: Path, evaluator) -> None:
 
 def export_study(db_url: str, name: str, out: Path, number: int | None = None) -> ExportResult:
     """Export study `name`'s best SLO-feasible trial (or the closest one, flagged) as a bundle; `number`: that
-    completed trial instead (a Pareto-front point the user prefers), flagged when it misses the SLOs."""
+    completed trial instead (a Pareto-front point the user prefers), flagged when it misses the SLOs. A study
+    `tune --serving` made tuned one server of a planned deployment (StudySpec.cluster): the bundle also holds
+    that deployment's plan and launch scripts."""
     from tuner.engine_config import max_seq_len, model_ref, tuned_engine_config
 
     check_out(out)  # before the study is even opened
@@ -126,6 +130,12 @@ def export_study(db_url: str, name: str, out: Path, number: int | None = None) -
     measured = _measured_drafter(evaluator, params)
     bundled = measured is not None
     schedules = tuned_schedules(evaluator, params)  # the draft length per batch size (simulated studies)
+    planned: dict[str, Any] = {}
+    cluster = None
+    if spec.cluster:  # a study `tune --serving` made: the deployment it tuned a server of
+        from tuner.cluster_tune import ClusterChoice
+
+        cluster = ClusterChoice.from_json(spec.cluster)
 
     def build(tmp: Path) -> None:
         if bundled:
@@ -155,6 +165,11 @@ def export_study(db_url: str, name: str, out: Path, number: int | None = None) -
 
         write_report(tmp, env.get_template(REPORT_TEMPLATE), study, spec, trial, best is not None, params, space,
                      plan, profile, evaluator, sps, db_url, common, schedules)
+        if cluster is not None:
+            from tuner.cluster_tune import write_cluster
+
+            planned.update(write_cluster(tmp, cluster, evaluator, params, metrics, spec.seed, engines(spec.deploy),
+                                         common, schedules))
         (tmp / "provenance.json").write_text(json.dumps({
             "study": name, "trial": trial.number, "mode": evaluator.mode, "meets_slo": best is not None,
             "profile_hash": profile.content_hash(), "profile_id": spec.profile_id, "plan_id": spec.plan_id,
@@ -167,11 +182,12 @@ def export_study(db_url: str, name: str, out: Path, number: int | None = None) -
                                                    "measured": str(measured) if measured else None},
             "sps_table": "modelled" if evaluator.mode == "simulate" else "measured",
             "cost_source": (evaluator.perf(params).cost_source if evaluator.mode == "simulate" else "measured"),
+            "cluster": "cluster.json" if cluster is not None else None,
             "tool_version": spec.tool_version, "exported_at": datetime.now(timezone.utc).isoformat()},
             indent=2, default=str) + "\n")
 
     files = write_bundle(out, build)
-    return ExportResult(out, files, trial.number, best is not None, metrics, params, evaluator.mode)
+    return ExportResult(out, files, trial.number, best is not None, metrics, params, evaluator.mode, planned or None)
 
 
 def _bundled_engine_runs(params: dict[str, Any]) -> bool:

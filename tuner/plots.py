@@ -144,3 +144,27 @@ def speedup(curves: dict[str, list[tuple[int, float, int]]], hw: str, path: Path
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def cluster_fronts(fronts: dict[str, list[Any]], chosen: Any, tuned: Any, path: Path) -> None:
+    """Tokens/s per GPU against tokens/s per user: each serving mode's Pareto front (tuner/cluster.py Layouts),
+    the chosen layout as planned (speculation off), and the same layout with its decoding server as tuned."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode, front in sorted(fronts.items()):
+        marker = "o" if mode == "agg" else "s"
+        if front:
+            pts = sorted(front, key=lambda p: p.tokens_per_s_user)
+            ax.plot([p.tokens_per_s_user for p in pts], [p.tokens_per_s_gpu for p in pts], marker=marker, ms=4,
+                    label="aggregated" if mode == "agg" else "disaggregated (prefill / decode)")
+    ax.scatter([chosen.tokens_per_s_user], [chosen.tokens_per_s_gpu], s=90, marker="D", facecolor="none",
+               edgecolor="black", zorder=5, label="chosen, speculation off")
+    ax.scatter([tuned.tokens_per_s_user], [tuned.tokens_per_s_gpu], s=140, marker="*", color="gold",
+               edgecolor="black", zorder=6, label="chosen, its decoding server as tuned")
+    ax.set_xlabel("tokens/s per user (1 / TPOT)")
+    ax.set_ylabel("tokens/s per GPU")
+    ax.set_title("Deployment layouts meeting the SLOs")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

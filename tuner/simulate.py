@@ -112,7 +112,8 @@ def offline_requests(lengths: list[tuple[int, int]]) -> list[Request]:
 
 def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: AcceptanceModel,
              n_requests: int = 48, seed: int = 0, requests: list[tuple[int, int]] | None = None,
-             bundled: bool = False, engine: str = "sglang", draft_shape: Any = None) -> SimResult:
+             bundled: bool = False, engine: str = "sglang", draft_shape: Any = None,
+             decode_only: bool = False) -> SimResult:
     """Run the workload through the modelled engine with `params` (dotted names, defaults filled).
 
     `requests`: an explicit offline list of (prompt, output) token counts, all arriving at t = 0,
@@ -124,6 +125,8 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
     Otherwise a round is priced as `engine` (sglang, vllm, trtllm) runs `spec.method` (tuner/methods.py): its draft
     forwards in order, the verify forward, sampling, the engine's fitted per-round constants and CUDA-graph
     coverage (`batch.cuda_graph_max_bs`, when tuned, replaces the engine's default capture).
+    `decode_only`: a disaggregated decode worker: a prompt's KV arrives from a prefill worker, so admitting it costs
+    the host round but no prefill forward (its first token came with the KV).
     """
     from dataclasses import replace
 
@@ -207,7 +210,7 @@ def simulate(params: dict[str, Any], profile: Profile, perf: PerfModel, accept: 
         if admitted:  # prefill first, chunked by the token budget
             total = sum(r.prompt for r in admitted)
             longest = max(r.prompt for r in admitted)
-            while total > 0:
+            while total > 0 and not decode_only:
                 step = min(total, chunk)
                 t += perf.prefill(step, longest if bundled else ctx0, len(admitted)).seconds
                 total -= step

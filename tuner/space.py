@@ -169,3 +169,17 @@ def unrestricted_space(plan: Plan, extra: tuple[str, ...] = ()) -> SearchSpace:
              if (d := registry_distribution(n)) is not None}
     defaults = {k: v for k, v in engine_defaults().items() if k not in dists}
     return SearchSpace(dists, {}, defaults, {})
+
+
+def with_plain(space: SearchSpace) -> SearchSpace:
+    """`space` with plain decoding (`spec.method: plain`, speculation off) among the searched methods, where the
+    method is searched and nothing fixes or searches `spec.enabled`: speculation that loses at the workload's load
+    (a big decode batch on a GPU) is then a choice the study can drop, not one the bundle keeps."""
+    from optuna.distributions import CategoricalDistribution
+
+    method = space.distributions.get("spec.method")
+    if method is None or "plain" in method.choices or "spec.enabled" in space.fixed or \
+            "spec.enabled" in space.distributions:
+        return space
+    dists = {**space.distributions, "spec.method": CategoricalDistribution([*method.choices, "plain"])}
+    return SearchSpace(dists, space.fixed, space.defaults, space.warm_start, space.running_cap)

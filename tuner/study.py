@@ -14,8 +14,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,7 +26,7 @@ from tuner.errors import TunerError
 from tuner.objective import OBJECTIVES, Evaluator, SimulateEvaluator
 from tuner.space import SearchSpace, closed_loop_clients, space_from_plan
 from tuner.storage import _RetryStale, grace_s, heartbeat_s, stop_heartbeats, storage  # noqa: F401 - the study's storage, re-exported
-from tuner.trial_run import fail_dead, faults_as_one_line, run_trial
+from tuner.trial_run import fail_dead, faults_as_one_line, quiet_interrupts, run_trial
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC_ATTR = "dspark_spec"
@@ -64,6 +63,7 @@ class StudySpec(BaseModel):
     calibration: dict[str, Any] | None = None  # simulate: live trials' time scale on this hardware (scale, source)
     deploy: Literal["sglang", "vllm", "both", "dspark"] | None = None  # engines the bundle is for (None: stored before
     # it; dspark: the bundled engine only)
+    cluster: dict[str, Any] | None = None  # tune --serving: the deployment this study tuned a server of (cluster_tune)
 
     def profile_model(self) -> Profile:
         return Profile.model_validate(self.profile)
@@ -77,7 +77,13 @@ class StudySpec(BaseModel):
         wl = p.workload.model_dump(mode="json", exclude={"entropy"})
         hw = {"name": p.hw.name, "arch": p.hw.arch, "count": p.hw.count}
         accept = {"accept": p.accept.model_dump(mode="json")} if self.mode == "simulate" else {}
-        return {"model": p.model.model_dump(mode="json"), "hw": hw, "workload": wl, "plan": self.plan, **accept}
+        planned = {"cluster": self.cluster} if self.cluster else {}
+        return {"model": p.model.model_dump(mode="json"), "hw": hw, "workload": wl, "plan": self.plan, **accept,
+                **planned}
+
+    def decode_worker(self) -> bool:
+        """The study tunes a disaggregated deployment's decode worker (its prompts arrive prefilled)."""
+        return bool(self.cluster) and self.cluster["chosen"]["mode"] == "disagg"
 
     def plan_model(self) -> Plan:
         return Plan.model_validate(self.plan)
@@ -94,32 +100,11 @@ class StudySpec(BaseModel):
         from tuner.deploy import restrict
         from tuner.live.space import engine_space
 
-        return engine_space(space, self) if self.mode == "live" else restrict(space, self.deploy)
+        if self.mode == "live":
+            return engine_space(space, self)
+        from tuner.space import with_plain
 
-
-@contextmanager
-def quiet_interrupts() -> Iterator[None]:
-    """Ctrl-C during a trial without Optuna's log of it: Optuna logs a trial stopped by KeyboardInterrupt as a
-    failure with the whole traceback, twice per process; the CLI says "interrupted" in one line instead (the
-    trial is failed either way). SIGINT first silences Optuna's warnings, then interrupts as Python does."""
-    import signal
-    import threading
-
-    import optuna
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(_sig, _frame) -> None:
-        optuna.logging.set_verbosity(optuna.logging.ERROR)
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
+        return with_plain(restrict(space, self.deploy))
 
 
 def directions(objectives: list[str]) -> list[str]:
@@ -132,7 +117,7 @@ def directions(objectives: list[str]) -> list[str]:
 def make_evaluator(spec: StudySpec) -> Evaluator:
     if spec.mode == "simulate":
         return SimulateEvaluator(spec.profile_model(), n_requests=spec.n_requests, cost=spec.cost,
-                                 calibration=spec.calibration)
+                                 calibration=spec.calibration, decode_only=spec.decode_worker())
     if spec.mode == "live":
         from tuner.live.evaluator import LiveEvaluator
 

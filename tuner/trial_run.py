@@ -101,6 +101,31 @@ def fault_line(study_name: str, e: BaseException, trial_number: int | None = Non
 
 
 @contextmanager
+def quiet_interrupts() -> Iterator[None]:
+    """Ctrl-C during a trial without Optuna's log of it: Optuna logs a trial stopped by KeyboardInterrupt as a
+    failure with the whole traceback, twice per process; the CLI says "interrupted" in one line instead (the
+    trial is failed either way). SIGINT first silences Optuna's warnings, then interrupts as Python does."""
+    import signal
+    import threading
+
+    import optuna
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(_sig, _frame) -> None:
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+@contextmanager
 def faults_as_one_line(study_name: str) -> Iterator[None]:
     """Turn a database fault raised anywhere inside (reading trials, enqueueing the screen's moves) into one
     StorageFault line."""

@@ -107,7 +107,8 @@ def main(argv: list[str]) -> int:
         else None
     if "--device" not in argv:
         argv = [*argv, "--device", "cuda"]
-    out: dict = {"argv": argv, "ragged_verify_mode": os.environ.get("SGLANG_RAGGED_VERIFY_MODE", "static")}
+    out: dict = {"argv": argv, "ragged_verify_mode": os.environ.get("SGLANG_RAGGED_VERIFY_MODE", "static"),
+                 "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     try:
         sa = prepare_server_args(argv)
@@ -129,7 +130,9 @@ def main(argv: list[str]) -> int:
                                             "mem_fraction_static", "page_size", "max_prefill_tokens",
                                             "tp_size", "dp_size", "ep_size", "quantization",
                                             "speculative_draft_model_quantization", "kv_cache_dtype",
-                                            "attention_backend", "cuda_graph_max_bs_decode")}
+                                            "attention_backend", "cuda_graph_max_bs_decode", "port",
+                                            "chunked_prefill_size", "disaggregation_mode",
+                                            "disaggregation_transfer_backend")}
     adaptive = _flag_file(argv, "--speculative-adaptive-config")
     if adaptive:  # the schedule: SGLang's own loader, and adaptive still on after its support check
         from sglang.srt.speculative.adaptive_spec_params import (

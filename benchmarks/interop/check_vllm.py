@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -32,7 +33,7 @@ def _engine_args(argv: list[str]):
     if getattr(args, "model_tag", None):
         args.model = args.model_tag  # what `vllm serve` does with its positional argument
     args.skip_tokenizer_init = True
-    return AsyncEngineArgs.from_cli_args(args)
+    return AsyncEngineArgs.from_cli_args(args), args
 
 
 def _load_draft(cfg, draft: Path, out: dict) -> None:
@@ -90,9 +91,10 @@ def main(argv: list[str]) -> int:
     logging.disable(logging.WARNING)  # vLLM's CPU-platform notices are not about the bundle
     if argv[:1] == ["serve"]:
         argv = argv[1:]
-    out: dict = {"argv": argv}
+    out: dict = {"argv": argv, "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     try:
-        ea = _engine_args(argv)
+        ea, args = _engine_args(argv)
+        out["port"] = getattr(args, "port", None)
     except SystemExit as e:
         out["error"] = f"vLLM's serve parser refused the command line (exit {e.code})"
         print(json.dumps(out))
@@ -125,7 +127,10 @@ def main(argv: list[str]) -> int:
                        "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
                        "block_size": cfg.cache_config.block_size,
                        "gpu_memory_utilization": cfg.cache_config.gpu_memory_utilization,
-                       "max_model_len": cfg.model_config.max_model_len}
+                       "max_model_len": cfg.model_config.max_model_len,
+                       "tensor_parallel_size": cfg.parallel_config.tensor_parallel_size,
+                       "data_parallel_size": cfg.parallel_config.data_parallel_size,
+                       "kv_connector": getattr(cfg.kv_transfer_config, "kv_connector", None)}
     method = getattr(sc, "method", None)
     ok = method == spec.get("method")  # the method the bundle names is the one vLLM runs
     if method == "dspark":

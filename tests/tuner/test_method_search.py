@@ -132,3 +132,21 @@ def test_models_without_a_dspark_drafter_deploy_what_they_can_run(model, method,
     spec = json.loads(env.get_template(VLLM_TEMPLATES[0]).render(**common, **ctx))
     assert spec["method"] == method and "model" not in spec and spec["num_speculative_tokens"] == 4
     assert "DRAFT_MODEL_PATH" not in env.get_template(VLLM_TEMPLATES[1]).render(**common, **ctx)
+
+
+def test_a_simulated_study_can_turn_speculation_off():
+    """At a big decode batch speculation loses on a GPU: plain decoding is a searched method of a simulated study
+    too (speculation off), never where a rule fixes spec.enabled."""
+    from tuner.space import SearchSpace, with_plain
+    from tuner.study import StudySpec
+
+    prof = _profile(**DSPARK)
+    plan = match_profile([], prof)
+    space = StudySpec(profile=prof.model_dump(mode="json"), plan=plan.model_dump(mode="json")).space()
+    assert "plain" in space.distributions["spec.method"].choices
+    assert space.params_of({"spec.method": "plain"})["spec.enabled"] is False
+    from optuna.distributions import CategoricalDistribution
+
+    no_plain = {**space.distributions, "spec.method": CategoricalDistribution(["dspark", "ngram"])}
+    kept = with_plain(SearchSpace(no_plain, {**space.fixed, "spec.enabled": False}, space.defaults, {}))
+    assert kept.distributions["spec.method"].choices == ("dspark", "ngram")

@@ -128,3 +128,22 @@ def test_offline_batches_keep_tokens_over_makespan():
     params = {**base, "spec.markov_rank": 256}
     r = simulate(params, profile(), ev.perf(params), acceptance_for(profile(), "markov"), requests=[(100, 50)] * 8)
     assert r.throughput == r.extra["makespan_throughput"] == 8 * 50 / r.extra["makespan_s"]
+
+
+def test_a_decode_worker_skips_the_prefill_and_clients_outnumbering_requests_are_avoided():
+    """simulate(decode_only=True): a disaggregated decode worker's prompts arrive prefilled, so its TTFT holds no
+    prefill forward; a closed loop of more clients than the old 384-request cap simulates 3 requests per client."""
+    from kb.match import match_profile
+    from profiler.build import build_profile
+
+    prof = build_profile("Qwen3-8B", "h100", "chat", measure=False, gpus=2)
+    space = space_from_plan(match_profile([], prof))
+    first = {k: d.choices[0] if hasattr(d, "choices") else d.low for k, d in space.distributions.items()}
+    params = space.params_of({**first, "spec.enabled": False, "batch.max_requests": 64})
+    both = SimulateEvaluator(prof, cost="roofline").evaluate(params, seed=0)
+    decode = SimulateEvaluator(prof, cost="roofline", decode_only=True).evaluate(params, seed=0)
+    assert decode.metrics["ttft_p99_ms"] < both.metrics["ttft_p99_ms"]
+    assert decode.metrics["throughput"] > both.metrics["throughput"]
+    busy = prof.model_copy(update={"workload": prof.workload.model_copy(update={"concurrency": 416})})
+    assert SimulateEvaluator(busy, cost="roofline").n_requests == 3 * 416
+    assert SimulateEvaluator(prof, cost="roofline").n_requests == min(384, 6 * (prof.workload.concurrency or 16))
