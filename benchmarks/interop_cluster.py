@@ -80,7 +80,7 @@ def check_bundle(bundle: Path, env: dict[str, str]) -> list[dict]:
             if f"sglang_{role}.sh" in files:
                 rows.append(_one(bundle / f"sglang_{role}.sh", env, {"disaggregation_mode": role, "tp_size": tp}))
             if f"vllm_{role}.sh" in files:
-                rows.append(_one(bundle / f"vllm_{role}.sh", env, {"tensor_parallel_size": tp}))
+                rows.append(_one(bundle / f"vllm_{role}.sh", env, {"gpus": tp}))  # TP x DP (attention DP + EP)
         if "sglang_router.sh" in files:
             rows.append(_one(bundle / "sglang_router.sh", {**env, **urls}, {
                 "pd_disaggregation": True, "decode_urls": urls["DECODE_URLS"].split(),

@@ -7,8 +7,10 @@ plus what the layout adds: its port and GPUs, and
   starts one server per replica where vLLM's data parallelism would change the tuned configuration;
 - disaggregated: sglang_prefill.sh / sglang_decode.sh (--disaggregation-mode, transfer backend) and
   sglang_router.sh (the router's --pd-disaggregation); vllm_prefill.sh / vllm_decode.sh (--kv-transfer-config).
-A prefill worker of another TP than the tuned (decode) server's repeats --tp-size after sglang.sh's own: both
-engines' parsers keep an option's last value (the interop check runs them).
+A prefill worker of another TP than the tuned (decode) server's (dense models only: the planner pairs a MoE model's
+workers at one TP, whose tuned expert / attention-DP layout the prefill then shares) repeats the TP option after
+the script's own, with vLLM's data parallelism 1: both engines' parsers keep an option's last value (the interop
+check runs them).
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ def write_scripts(folder: Path, lay: Layout, choice: Any, engines: tuple[str, ..
         put("sglang_router.sh", "sglang_pd_router.sh.j2", prefill_workers=lay.prefill_workers,
             decode_workers=lay.decode_workers)
     if "vllm" in engines:
-        for role, tp, n, _ in roles:
-            put(f"vllm_{role}.sh", "vllm_pd.sh.j2", role=role, tp=tp, workers=n, port=VLLM_PORT,
+        for role, tp, n, other in roles:
+            put(f"vllm_{role}.sh", "vllm_pd.sh.j2", role=role, tp=tp, other_tp=other, workers=n, port=VLLM_PORT,
                 connector=VLLM_PD_CONNECTOR)
     return made
 

@@ -4,8 +4,8 @@
    workers at the profile's prompt and output lengths (p50) and SLOs, speculation off (as AIConfigurator plans),
    and the layout with the most tokens/s per GPU.
 2. `ClusterChoice.worker`: the server the usual study then tunes, speculation included: a replica (agg) or a
-   decode worker (disagg), at its TP and its requests in flight. A decode worker has no TTFT SLO of its own: its
-   prompts were prefilled elsewhere.
+   decode worker (disagg), at its TP and its requests in flight. A decode worker's prompts were prefilled
+   elsewhere: its TTFT SLO is what the prefill and the KV transfer leave of the user's.
 3. `write_cluster` (called inside the bundle's staging, tuner/export.py): the layout again with the tuned
    speculation (the decode side `speedup`x faster, where `speedup` is the simulator's tuned / no-speculation
    throughput at the worker's load; a disaggregated prefill / decode split is searched again), cluster.json, the
@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tuner.cluster import ClusterPlan, Layout, Slo, plan, with_worker
+from tuner.cluster import OURS, ClusterPlan, Layout, Slo, plan, with_worker
 from tuner.errors import TunerError
 
 GPUS_PER_NODE = 8  # a node when --nodes is not given (HGX / DGX boards)
@@ -79,10 +79,14 @@ class ClusterChoice:
         return plan.model_copy(update={"fixed": fixed, "space": space, "prefer": prefer})
 
     def worker_traffic(self) -> Any:  # -> profiler.workload.Traffic
-        """The tuned server's load: its requests in flight; a decode worker's TTFT SLO dropped (0)."""
+        """The tuned server's load: its requests in flight; a decode worker's TTFT SLO is what the planned prefill
+        and KV transfer leave of the user's (its own TTFT is the wait for a running slot)."""
         from profiler.workload import Traffic
 
-        return Traffic(self.worker_batch, 0 if self.chosen.mode == "disagg" else None, None)
+        if self.chosen.mode == "agg" or math.isinf(self.plan.slo.ttft_ms):
+            return Traffic(self.worker_batch, None, None)
+        left = self.plan.slo.ttft_ms - self.chosen.ttft_ms  # what prefill and the KV transfer leave of the TTFT
+        return Traffic(self.worker_batch, max(1.0, left), None)
 
 
 def lengths(profile: Any) -> tuple[int, int]:
@@ -129,10 +133,10 @@ def plan_cluster(profile: Any, gpus: int, nodes: int | None, serving: str, cost:
             raise TunerError(f"--serving {serving}: no {asked} layout of {profile.model.name} on {gpus} x "
                              f"{profile.hw.name} meets p99 TTFT {_ms(limits.ttft_ms)} / TPOT {_ms(limits.tpot_ms)} "
                              f"at {isl} prompt / {osl} output tokens; loosen the SLOs or add GPUs")
-        tail = tail_ratio(profile, best, cost, got.dtype) if not math.isinf(limits.tpot_ms) else 1.0
-        if best.tpot_ms * tail <= limits.tpot_ms * 1.001:
+        p99 = simulated_p99(profile, best, cost, got.dtype) if not math.isinf(limits.tpot_ms) else 0.0
+        if p99 <= limits.tpot_ms * 1.001:
             break
-        tpot_limit = min(tpot_limit, best.tpot_ms) * limits.tpot_ms / (best.tpot_ms * tail)
+        tpot_limit = min(tpot_limit, best.tpot_ms) * limits.tpot_ms / p99
     return ClusterChoice(got, best, gpus, nodes, per_node, isl, osl, serving)
 
 
@@ -141,19 +145,22 @@ def _best_dtype(profile: Any, gpus: int, isl: int, osl: int, slo: Slo, serving: 
     """The plan in the weight dtype whose best layout serves the most tokens/s per GPU: bf16, and FP8 (weights and KV
     cache) where the GPU runs it natively (a 671B model's bf16 weights do not fit 8 H200s; its checkpoint is FP8)."""
     dtypes = ["bf16", "fp8"] if profile.hw.fp8 else ["bf16"]
+    # a MoE model's tuned server may run experts in parallel and attention data-parallel: its prefill workers share
+    # that layout, so prefill and decode pair at one TP (as AIC pairs them on SGLang)
+    how = replace(OURS, same_tp=True) if profile.model.num_experts else OURS
     plans = [plan(profile, gpus, isl, osl, slo, serving, dtype=d, kv_dtype=d, engine=engine, cost=cost,
-                  per_node=per_node) for d in dtypes]
+                  per_node=per_node, how=how) for d in dtypes]
     return max(plans, key=lambda p: p.best().tokens_per_s_gpu if p.best() else -1.0)
 
 
 TAIL_ROUNDS = 4  # plans at most: each one's decoding server is simulated, and a p99 TPOT over the SLO tightens the next
 
 
-def tail_ratio(profile: Any, lay: Layout, cost: str, dtype: str = "bf16") -> float:
-    """p99 / mean TPOT of `lay`'s decoding server in the simulator (plain decoding in `dtype` at its batch, whole
-    prompts a prefill; a decode worker's prompts arriving prefilled). The planner prices mean steps and the SLOs
-    are p99s: requests that run through more prefills see a longer TPOT (Qwen3-8B, one H100, 312 requests: mean
-    49.5 ms, p99 99 ms)."""
+def simulated_p99(profile: Any, lay: Layout, cost: str, dtype: str = "bf16") -> float:
+    """The p99 TPOT (ms) of `lay`'s decoding server in the simulator: plain decoding in `dtype` at its batch, whole
+    prompts a prefill, a decode worker's prompts arriving prefilled. The planner prices mean steps and the SLOs are
+    p99s: requests that run through more prefills see a longer TPOT (Qwen3-8B, one H100, 312 requests: mean 49.5
+    ms, as planned, p99 99 ms). 0.0 when the simulator cannot run it (the plan stands)."""
     from kb.match import Plan
     from tuner.estimate import resolved_cost
     from tuner.objective import SimulateEvaluator
@@ -171,9 +178,7 @@ def tail_ratio(profile: Any, lay: Layout, cost: str, dtype: str = "bf16") -> flo
                               "batch.max_tokens": 16384})
     ev = SimulateEvaluator(worker, cost=resolved_cost(cost, worker, "sglang"), decode_only=lay.mode == "disagg")
     got = ev.evaluate(params, seed=0)
-    if not got.feasible or not got.metrics.get("tpot_mean_ms"):
-        return 1.0
-    return max(1.0, got.metrics["tpot_p99_ms"] / got.metrics["tpot_mean_ms"])
+    return got.metrics["tpot_p99_ms"] if got.feasible else 0.0
 
 
 SERVING = ("agg", "disagg", "auto")

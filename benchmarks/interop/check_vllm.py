@@ -130,6 +130,8 @@ def main(argv: list[str]) -> int:
                        "max_model_len": cfg.model_config.max_model_len,
                        "tensor_parallel_size": cfg.parallel_config.tensor_parallel_size,
                        "data_parallel_size": cfg.parallel_config.data_parallel_size,
+                       "gpus": cfg.parallel_config.tensor_parallel_size * cfg.parallel_config.data_parallel_size
+                       * cfg.parallel_config.pipeline_parallel_size,
                        "kv_connector": getattr(cfg.kv_transfer_config, "kv_connector", None)}
     method = getattr(sc, "method", None)
     ok = method == spec.get("method")  # the method the bundle names is the one vLLM runs

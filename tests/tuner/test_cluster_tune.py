@@ -43,7 +43,7 @@ def test_disaggregated_bundle_has_both_workers_and_the_router(capsys, tmp_path):
         _syntax_ok(b / name)
     prefill = (b / "sglang_prefill.sh").read_text()
     assert '"$here/sglang.sh"' in prefill and "--disaggregation-mode prefill" in prefill
-    assert f"--tp-size {lay['prefill_tp']}" in prefill
+    assert (f"--tp-size {lay['prefill_tp']}" in prefill) == (lay["prefill_tp"] != lay["decode_tp"])
     assert "--disaggregation-mode decode" in (b / "sglang_decode.sh").read_text()
     assert "NixlConnector" in (b / "vllm_decode.sh").read_text()
     assert "The deployment across 16 GPUs" in (b / "report.md").read_text() and (b / "cluster.png").is_file()
@@ -55,7 +55,9 @@ def test_disaggregated_bundle_has_both_workers_and_the_router(capsys, tmp_path):
 
     _, worker = latest_profile(open_db(None))
     assert worker.hw.count == lay["decode_tp"] and worker.workload.concurrency == c["planned"]["decode_batch"]
-    assert worker.workload.slo is None or worker.workload.slo.ttft_ms is None
+    if c["slo"]["ttft_ms"]:  # the decode worker's own TTFT: what the prefill and the KV transfer leave
+        left = max(1.0, c["slo"]["ttft_ms"] - c["planned"]["ttft_ms"])
+        assert worker.workload.slo.ttft_ms == pytest.approx(left)
 
 
 def test_aggregated_bundle_starts_replicas_and_reexports_the_same_deployment(capsys, tmp_path):
