@@ -94,13 +94,14 @@ def refresh_aic(src: str | None) -> dict[str, Any]:
 def ours(case: tuple, how: Any = None) -> dict[str, Any]:
     """Our planner's best agg and disagg layouts for the case (`how`: its assumptions, default ours)."""
     from profiler.build import build_profile
-    from tuner.cluster import OURS, Slo, plan
+    from tuner.cluster import Slo, assumptions_for, plan
 
     _, model_id, gpu, model, gpus, ttft, tpot = case
     dtype, kv = DTYPE.get(model_id, ("bf16", "bf16"))
     t0 = time.perf_counter()
     prof = build_profile(model, gpu, "chat", measure=False, gpus=gpus)
-    got = plan(prof, gpus, ISL, OSL, Slo(ttft, tpot), "auto", dtype=dtype, kv_dtype=kv, how=how or OURS)
+    got = plan(prof, gpus, ISL, OSL, Slo(ttft, tpot), "auto", dtype=dtype, kv_dtype=kv,
+               how=how or assumptions_for(prof))
     out: dict[str, Any] = {"seconds": round(time.perf_counter() - t0, 1), "cost": got.cost_source}
     for mode in ("agg", "disagg"):
         best = got.best(mode)
@@ -172,7 +173,8 @@ def _markdown(res: dict[str, Any]) -> str:
 
 WHAT_DIFFERS = [
     "What differs (aiconfigurator 0.12.0, the wheel's `aiconfigurator/` paths):",
-    "- The planner takes AIC's empirical losses of disaggregated serving (`tuner/cluster.py` OURS): prefill latency x "
+    "- The planner takes AIC's empirical losses of disaggregated serving (`tuner/cluster.py` OURS; a MoE model's "
+    "prefill and decode at one TP, `assumptions_for`): prefill latency x "
     "1.1 and decode x 1.08 (`sdk/task_v2.py:643-644`), the rate-matched pools at 0.9 and 0.92 of their rates and "
     "TTFT's queueing factor 1.8 (`sdk/sweep.py:65-75`, \"empirical degradation factors\"). Without them (the first "
     "version of this table) our disagg ran 1.06-1.97x AIC's and we chose disagg in 8 cases where AIC chose agg.",

@@ -49,6 +49,13 @@ class Assumptions:
 # runs that AIC does not search (prefill / decode of different TP over mooncake, SGLang PRs 5922 and 6793; batched
 # prefills; any x, y filling the cluster)
 OURS = Assumptions(prefill_scale=1.1, decode_scale=1.08, prefill_share=0.9, decode_share=0.92, ttft_scale=1.8)
+def assumptions_for(profile: Any) -> Assumptions:
+    """The planner's assumptions for `profile`'s model: a MoE model's tuned server may run its experts in parallel
+    and its attention data-parallel, a layout its prefill workers share, so prefill and decode pair at one TP (as
+    AIC pairs them on SGLang)."""
+    return replace(OURS, same_tp=True) if profile.model.num_experts else OURS
+
+
 AIC_SGLANG = Assumptions(prefill_scale=1.1, decode_scale=1.08, prefill_share=0.9, decode_share=0.92, ttft_scale=1.8,
                          same_tp=True, prefill_batches=(1,), kv_transfer=False,
                          replica_sizes=(1, 2, 4, 8, *range(16, 129, 8)))

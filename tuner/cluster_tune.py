@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.cluster import OURS, ClusterPlan, Layout, Slo, plan, with_worker
+from tuner.cluster import ClusterPlan, Layout, Slo, assumptions_for, plan, with_worker
 from tuner.errors import TunerError
 
 GPUS_PER_NODE = 8  # a node when --nodes is not given (HGX / DGX boards)
@@ -145,9 +145,7 @@ def _best_dtype(profile: Any, gpus: int, isl: int, osl: int, slo: Slo, serving: 
     """The plan in the weight dtype whose best layout serves the most tokens/s per GPU: bf16, and FP8 (weights and KV
     cache) where the GPU runs it natively (a 671B model's bf16 weights do not fit 8 H200s; its checkpoint is FP8)."""
     dtypes = ["bf16", "fp8"] if profile.hw.fp8 else ["bf16"]
-    # a MoE model's tuned server may run experts in parallel and attention data-parallel: its prefill workers share
-    # that layout, so prefill and decode pair at one TP (as AIC pairs them on SGLang)
-    how = replace(OURS, same_tp=True) if profile.model.num_experts else OURS
+    how = assumptions_for(profile)
     plans = [plan(profile, gpus, isl, osl, slo, serving, dtype=d, kv_dtype=d, engine=engine, cost=cost,
                   per_node=per_node, how=how) for d in dtypes]
     return max(plans, key=lambda p: p.best().tokens_per_s_gpu if p.best() else -1.0)
