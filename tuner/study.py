@@ -190,7 +190,12 @@ def open_study(db_url: str, name: str, spec: StudySpec | None):  # -> optuna.Stu
     if space.distributions:
         from tuner.design import start_point
 
-        study.enqueue_trial(start_point(space), skip_if_exists=True)  # trial 0: the rules' preferred point
+        first = start_point(space)
+        study.enqueue_trial(first, skip_if_exists=True)  # trial 0: the rules' preferred point
+        method = space.distributions.get("spec.method")
+        if spec.mode == "simulate" and method is not None and "plain" in method.choices and \
+                first.get("spec.method") != "plain":  # trial 1: the same without speculation, which may win
+            study.enqueue_trial({**first, "spec.method": "plain"}, skip_if_exists=True)
     return study
 
 
