@@ -221,8 +221,8 @@ def _write(rows: list[dict], when: str) -> None:
         "Each bundle comes from `tune --gpus 16 --serving ...`; bash runs every deployment script unmodified with "
         "`python` / `vllm` handed to SGLang's, sglang-router's and vLLM's own parsers (a replica script's servers "
         "and router all checked). tune s: the whole command on this machine (plan, 40 simulated trials of the "
-        "decoding server, export). Planned: AIC-priced, bf16, speculation off; as deployed: the layout with the "
-        "tuned server's simulated throughput.\n\n" + table(rows)
+        "decoding server, export). Planned: AIC-priced in the better of bf16 and FP8, speculation off; as "
+        "deployed: the layout with the tuned server's simulated throughput.\n\n" + table(rows)
         + "\n\nDetails per script: benchmarks/results/interop_cluster.json."))
 
 
