@@ -43,14 +43,15 @@ CASES = {  # name -> (profile arguments, tune arguments)
     "deepseek-v3/h200": (["--model", "deepseek-v3", "--gpu", "h200", "--gpus", "8"], []),
     "qwen3-eagle3/h100": (["--model", "qwen3", "--drafter", "eagle3"], ["--gpu", "h100"]),
     "qwen3-30b-a3b/a100": (["--model", "qwen3-30b-a3b", "--gpu", "a100"], []),
-    "tiny/cpu": (["--model", "tiny", "--gpu", "cpu"], ["--trials", "4", "--trial-seconds", "30"]),
+    "tiny/cpu": (["--model", "tiny", "--gpu", "cpu"], ["--trials", "4", "--trial-seconds", "30", "--deploy", "both"]),
     # issue 38's deployments beyond the README's (DeepSeek-V3 on 8 x H200 is above)
     "llama-3.1-8b/l40s/chat": (["--model", "llama-3.1-8b", "--gpu", "l40s", "--workload", "chat"], []),
     "qwen3-30b-a3b/2xh100/code/tpot20": (["--model", "qwen3-30b-a3b", "--gpu", "h100", "--gpus", "2", "--workload",
                                           "code", "--slo-tpot-ms", "20"], []),
     "llama-3.1-70b/4xa100/math": (["--model", "llama-3.1-70b", "--gpu", "a100", "--gpus", "4", "--workload", "math"],
                                   []),
-    "smollm2/cpu": (["--model", "smollm2-135m", "--gpu", "cpu"], ["--trials", "4", "--trial-seconds", "30"]),
+    "smollm2/cpu": (["--model", "smollm2-135m", "--gpu", "cpu"], ["--trials", "4", "--trial-seconds", "30", "--deploy",
+                                                                     "both"]),
 }
 
 
