@@ -103,11 +103,14 @@ def lengths(profile: Any) -> tuple[int, int]:
     return typical(wl.prompt_len, "prompt"), typical(wl.output_len, "output")
 
 
-def node_shape(gpus: int, nodes: int | None) -> tuple[int, int]:
+def node_shape(gpus: int, nodes: int | None, serving: str = "auto") -> tuple[int, int]:
     """(nodes, GPUs per node) of a cluster of `gpus` on `nodes` nodes (default: nodes of eight); one line when they
-    do not divide."""
+    do not divide, or when `serving` disagg has no room for two workers."""
     if gpus < 1:
         raise TunerError(f"--gpus {gpus}: give the cluster's GPU count, at least 1")
+    if serving == "disagg" and gpus < 2:
+        raise TunerError(f"--serving disagg: {gpus} GPU cannot hold a prefill and a decode worker; give --gpus 2 or "
+                         "more, or --serving agg")
     nodes = nodes if nodes is not None else math.ceil(gpus / GPUS_PER_NODE)
     if nodes < 1 or gpus % nodes:
         raise TunerError(f"--nodes {nodes}: {gpus} GPUs do not split evenly over {nodes} nodes; give a divisor")
@@ -118,7 +121,7 @@ def plan_cluster(profile: Any, gpus: int, nodes: int | None, serving: str, cost:
                  engine: str = "sglang") -> ClusterChoice:
     """Plan `serving` over `gpus` GPUs on `nodes` nodes (default: nodes of eight) for the profile's model, GPU,
     lengths and SLOs; one TunerError line when the sizes do not divide or no layout meets the SLOs."""
-    nodes, per_node = node_shape(gpus, nodes)
+    nodes, per_node = node_shape(gpus, nodes, serving)
     isl, osl = lengths(profile)
     slo = profile.workload.slo
     limits = Slo(ttft_ms=(slo.ttft_ms if slo and slo.ttft_ms else math.inf),
@@ -203,7 +206,7 @@ def plan_deployment(database: Any, model: str | None, gpu: str | None, workload:
     if profile.hw.arch == "cpu":
         raise TunerError("--serving plans a GPU cluster: give --gpu (e.g. h100) and --gpus")
     n = gpus or profile.hw.count or GPUS_PER_NODE
-    node_shape(n, nodes)  # before any line is printed
+    node_shape(n, nodes, serving)  # before any line is printed
     if not quiet:
         err_console.print(f"planning {n} x {profile.hw.name} for {profile.model.name}: aggregated replicas and "
                           "disaggregated prefill / decode workers, speculation off ...", highlight=False)

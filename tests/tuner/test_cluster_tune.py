@@ -86,6 +86,7 @@ def test_replica_script_refuses_a_bad_node_rank(capsys, tmp_path):
     (["--serving", "agg", "--gpus", "12", "--nodes", "5"], "do not split evenly"),
     (["--nodes", "2"], "add --serving"),
     (["--serving", "agg", "--mode", "measure"], "simulator"),
+    (["--serving", "disagg", "--gpus", "1"], "cannot hold a prefill and a decode worker"),
 ])
 def test_bad_serving_options_are_one_line(capsys, tmp_path, argv, said):
     code, _, err = run(capsys, "tune", "--model", "qwen3", "--gpu", "h100", "--out", str(tmp_path / "b"), *argv)
