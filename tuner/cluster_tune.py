@@ -1,7 +1,7 @@
 """`tune --serving agg|disagg|auto --gpus N [--nodes M]`: the whole deployment across N GPUs (issue 39).
 
 1. `plan_cluster`: tuner/cluster.py's Pareto fronts of aggregated replicas and of disaggregated prefill / decode
-   workers at the profile's prompt and output lengths (p50) and SLOs, speculation off (as AIConfigurator plans),
+   workers at the profile's mean prompt and output lengths and SLOs, speculation off (as AIConfigurator plans),
    and the layout with the most tokens/s per GPU.
 2. `ClusterChoice.worker`: the server the usual study then tunes, speculation included: a replica (agg) or a
    decode worker (disagg), at its TP and its requests in flight. A decode worker's prompts were prefilled
@@ -90,11 +90,13 @@ class ClusterChoice:
 
 
 def lengths(profile: Any) -> tuple[int, int]:
-    """The workload's typical prompt and output lengths (p50, else the mean), one line when it states none."""
+    """The workload's mean prompt and output lengths (else the p50s), one line when it states none: a running batch
+    holds the mean request's KV (a p50 plan overcommits the cache by 40% on a long-tailed chat preset, and its
+    requests then queue), and the simulator's context is the mean prompt."""
     wl = profile.workload
 
     def typical(ls: Any, what: str) -> int:
-        v = (ls.p50 or ls.mean) if ls is not None else None
+        v = (ls.mean or ls.p50) if ls is not None else None
         if not v:
             raise TunerError(f"--serving: the workload {wl.name or ''} states no {what} length; profile a preset or "
                              "a JSONL file of requests")
@@ -223,6 +225,30 @@ def plan_deployment(database: Any, model: str | None, gpu: str | None, workload:
     return choice, worker
 
 
+def planned_point(space: Any, cluster: dict[str, Any], first: dict[str, Any]) -> dict[str, Any]:
+    """The tuned server's study point the cluster plan priced (`cluster`: StudySpec.cluster): plain decoding in the
+    plan's dtype at the planned batch, the rest as `first` (the rules' preferred point). A study enqueues it so the
+    search starts from the server the layout was chosen for."""
+    choice = ClusterChoice.from_json(cluster)
+    want: dict[str, Any] = {"batch.max_requests": choice.worker_batch}
+    if choice.plan.dtype == "fp8":
+        want |= {"weights.dtype": "fp8", "kv.dtype": "fp8_e4m3"}
+    out = dict(first)
+    for k, v in want.items():
+        d = space.distributions.get(k)
+        if d is None:
+            continue
+        if hasattr(d, "choices"):
+            if v in d.choices:
+                out[k] = v
+        else:
+            out[k] = min(max(v, d.low), d.high)
+    method = space.distributions.get("spec.method")
+    if method is not None and "plain" in method.choices:
+        out["spec.method"] = "plain"
+    return out
+
+
 def _ms(v: float) -> str:
     return "none" if math.isinf(v) else f"{v:g} ms"
 
@@ -297,7 +323,7 @@ def _report(path: Path, choice: ClusterChoice, tuned: Layout, speedup: float, sp
     slo = choice.plan.slo
     lines = ["", f"## The deployment across {choice.gpus} GPUs ({choice.nodes} node(s) of {choice.per_node})", "",
              f"`--serving {choice.serving}`, planned at {choice.isl} prompt / {choice.osl} output tokens (the "
-             f"workload's p50), p99 TTFT {_ms(slo.ttft_ms)}, TPOT {_ms(slo.tpot_ms)}, forwards priced by "
+             f"workload's means), p99 TTFT {_ms(slo.ttft_ms)}, TPOT {_ms(slo.tpot_ms)}, forwards priced by "
              f"{choice.plan.cost_source or 'the roofline'}, {choice.plan.dtype} weights and KV cache (the better of "
              "bf16 and FP8 where the GPU runs FP8), speculation off, as AIConfigurator plans; a layout whose decoding "
              "server's simulated p99 TPOT misses the SLO is planned again with less load. The "

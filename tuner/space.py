@@ -172,14 +172,23 @@ def unrestricted_space(plan: Plan, extra: tuple[str, ...] = ()) -> SearchSpace:
 
 
 def with_plain(space: SearchSpace) -> SearchSpace:
-    """`space` with plain decoding (`spec.method: plain`, speculation off) among the searched methods, where the
-    method is searched and nothing fixes or searches `spec.enabled`: speculation that loses at the workload's load
-    (a big decode batch on a GPU) is then a choice the study can drop, not one the bundle keeps."""
+    """`space` with plain decoding (`spec.method: plain`, speculation off) among the searched methods (beside the
+    one method a deployment runs, where the plan fixes it), unless something fixes or searches `spec.enabled`:
+    speculation that loses at the workload's load (a big decode batch on a GPU) is then a choice the study can
+    drop, not one the bundle keeps."""
     from optuna.distributions import CategoricalDistribution
 
-    method = space.distributions.get("spec.method")
-    if method is None or "plain" in method.choices or "spec.enabled" in space.fixed or \
-            "spec.enabled" in space.distributions:
+    if "spec.enabled" in space.fixed or "spec.enabled" in space.distributions:
         return space
-    dists = {**space.distributions, "spec.method": CategoricalDistribution([*method.choices, "plain"])}
-    return SearchSpace(dists, space.fixed, space.defaults, space.warm_start, space.running_cap)
+    method = space.distributions.get("spec.method")
+    fixed = dict(space.fixed)
+    if method is not None:
+        choices = list(method.choices)
+    elif fixed.get("spec.method") not in (None, "plain"):  # the one method the deployment runs, or none at all
+        choices = [fixed.pop("spec.method")]
+    else:
+        return space
+    if "plain" in choices:
+        return space
+    dists = {**space.distributions, "spec.method": CategoricalDistribution([*choices, "plain"])}
+    return SearchSpace(dists, fixed, space.defaults, space.warm_start, space.running_cap)

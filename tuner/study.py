@@ -104,7 +104,9 @@ class StudySpec(BaseModel):
             return engine_space(space, self)
         from tuner.space import with_plain
 
-        return with_plain(restrict(space, self.deploy))
+        chosen = self.profile_model().drafter.chosen  # an explicit --drafter is the method the user asked for
+        return restrict(space, self.deploy) if chosen not in (None, "auto") else with_plain(restrict(space,
+                                                                                                   self.deploy))
 
 
 def directions(objectives: list[str]) -> list[str]:
@@ -196,6 +198,10 @@ def open_study(db_url: str, name: str, spec: StudySpec | None):  # -> optuna.Stu
         if spec.mode == "simulate" and method is not None and "plain" in method.choices and \
                 first.get("spec.method") != "plain":  # trial 1: the same without speculation, which may win
             study.enqueue_trial({**first, "spec.method": "plain"}, skip_if_exists=True)
+        if spec.cluster:  # trial 2: the server the cluster plan priced (tune --serving)
+            from tuner.cluster_tune import planned_point
+
+            study.enqueue_trial(planned_point(space, spec.cluster, first), skip_if_exists=True)
     return study
 
 
