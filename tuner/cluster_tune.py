@@ -3,14 +3,14 @@
 1. `plan_cluster`: tuner/cluster.py's Pareto fronts of aggregated replicas and of disaggregated prefill / decode
    workers at the profile's mean prompt and output lengths and SLOs, speculation off (as AIConfigurator plans),
    and the layout with the most tokens/s per GPU.
-2. `ClusterChoice.worker`: the server the usual study then tunes, speculation included: a replica (agg) or a
-   decode worker (disagg), at its TP and its requests in flight. A decode worker's prompts were prefilled
+2. `ClusterChoice.worker_traffic` / `pin`: the server the usual study then tunes, speculation included: a replica
+   (agg) or a decode worker (disagg), at its TP and its requests in flight. A decode worker's prompts were prefilled
    elsewhere: its TTFT SLO is what the prefill and the KV transfer leave of the user's.
-3. `write_cluster` (called inside the bundle's staging, tuner/export.py): the layout again with the tuned
-   speculation (the decode side `speedup`x faster, where `speedup` is the simulator's tuned / no-speculation
-   throughput at the worker's load; a disaggregated prefill / decode split is searched again), cluster.json, the
-   Pareto plot, a report section, and the deployment's launch scripts (tuner/templates/cluster/), each a thin
-   wrapper over the tuned server's own sglang.sh / vllm.sh, so every worker runs exactly the tuned flags.
+3. `write_cluster` (called inside the bundle's staging, tuner/export.py): the layout again with its decoding server
+   as tuned (`cluster.with_worker`: the exported trial's simulated throughput and mean TPOT; a disaggregated
+   prefill / decode split is searched again), cluster.json, the Pareto plot, a report section, and the
+   deployment's launch scripts (tuner/cluster_scripts.py), each a thin wrapper over the tuned server's own
+   sglang.sh / vllm.sh, so every worker runs exactly the tuned flags.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from tuner.cluster import ClusterPlan, Layout, Slo, assumptions_for, plan, with_
 from tuner.errors import TunerError
 
 GPUS_PER_NODE = 8  # a node when --nodes is not given (HGX / DGX boards)
+TAIL_ROUNDS = 4  # plans at most: each one's decoding server is simulated, and a p99 TPOT over the SLO tightens the next
 
 
 @dataclass
@@ -52,7 +53,7 @@ class ClusterChoice:
         """What the study stores (StudySpec.cluster), so `export` writes the same deployment again."""
         slo = [_finite(self.plan.slo.ttft_ms), _finite(self.plan.slo.tpot_ms)]
         return {"plan": {"gpus": self.plan.gpus, "slo": slo,
-                         "fronts": {m: [asdict(p) for p in f] for m, f in self.plan.fronts.items()},
+                         "fronts": _fronts(self.plan),
                          "cost_source": self.plan.cost_source, "dtype": self.plan.dtype},
                 "chosen": asdict(self.chosen), "gpus": self.gpus, "nodes": self.nodes, "per_node": self.per_node,
                 "isl": self.isl, "osl": self.osl, "serving": self.serving}
@@ -154,9 +155,6 @@ def _best_dtype(profile: Any, gpus: int, isl: int, osl: int, slo: Slo, serving: 
     plans = [plan(profile, gpus, isl, osl, slo, serving, dtype=d, kv_dtype=d, engine=engine, cost=cost,
                   per_node=per_node, how=how) for d in dtypes]
     return max(plans, key=lambda p: p.best().tokens_per_s_gpu if p.best() else -1.0)
-
-
-TAIL_ROUNDS = 4  # plans at most: each one's decoding server is simulated, and a p99 TPOT over the SLO tightens the next
 
 
 def simulated_p99(profile: Any, lay: Layout, cost: str, dtype: str = "bf16") -> float:
@@ -303,13 +301,17 @@ def write_cluster(folder: Path, choice: ClusterChoice, evaluator: Any, params: d
             "slo": {"ttft_ms": _finite(choice.plan.slo.ttft_ms), "tpot_ms": _finite(choice.plan.slo.tpot_ms)},
             "planned": asdict(choice.chosen), "speculation_speedup": round(speedup, 4),
             "chosen": asdict(tuned), "placement": where,
-            "fronts": {m: [asdict(p) for p in f] for m, f in choice.plan.fronts.items()}}
+            "fronts": _fronts(choice.plan)}
     (folder / "cluster.json").write_text(json.dumps(data, indent=2) + "\n")
     cluster_fronts(choice.plan.fronts, choice.chosen, tuned, folder / "cluster.png")
     vllm_dp = replicas(evaluator.profile, params) == 1 and not schedules.get("vllm")
     scripts = write_scripts(folder, tuned, choice, engines, vllm_dp, bool(params.get("spec.enabled", True)), common)
     _report(folder / "report.md", choice, tuned, speedup, bool(params.get("spec.enabled", True)), where, scripts)
     return data
+
+
+def _fronts(got: ClusterPlan) -> dict[str, list[dict[str, Any]]]:
+    return {m: [asdict(p) for p in f] for m, f in got.fronts.items()}
 
 
 def _finite(v: float) -> float | None:
