@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -14,6 +15,7 @@ from rich.markup import escape
 from kb.cli_common import DbOpt, JsonOpt, RulesOpt, console, err_console, print_json
 from kb.commands_profile import ConcurrencyOpt, DrafterOpt, SloTpotOpt, SloTtftOpt
 from tuner.errors import TunerError
+from tuner.live.options import check_live_options, live_deploy, live_spec, live_workers
 
 if TYPE_CHECKING:
     from profiler.workload import Traffic
@@ -204,7 +206,8 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
          trials: Annotated[int, typer.Option(min=1, help="Completed trials the study should reach.")] = 40,
          timeout: Annotated[float | None, typer.Option(help="Seconds per worker before stopping early.")] = None,
          seed: Annotated[int, typer.Option(help="Sampler and simulation seed.")] = 0,
-         workers: Annotated[int, typer.Option(min=1, max=64, help="Worker processes on this machine.")] = 1,
+         workers: Annotated[int | None, typer.Option(min=1, max=256, help="Worker processes on this machine "
+                                                     "(default 1; with --devices, one per device).")] = None,
          trial_seconds: Annotated[float, typer.Option(min=1.0, help="Measure mode: stop a trial's generation "
                                                       "after this many seconds and score what it did.")] = 60.0,
          concurrency: ConcurrencyOpt = None, slo_ttft_ms: SloTtftOpt = None, slo_tpot_ms: SloTpotOpt = None,
@@ -214,6 +217,9 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                                                 "roofline), aic or roofline.")] = "auto",
          engine: Annotated[str | None, typer.Option(help="Tune against a live serving engine launched per trial on "
                                                          "this machine: dspark (our serve), vllm or sglang.")] = None,
+         devices: Annotated[str | None, typer.Option(help="--engine: this machine's devices the trials' servers "
+                                                       "share, one server per group of TP x DP devices, side by "
+                                                       "side (0-7, 0,1,2,3 or auto).")] = None,
          engine_python: Annotated[Path | None, typer.Option(help="--engine: the Python that has vLLM or SGLang "
                                                                  "(default: found on PATH).")] = None,
          draft: Annotated[str | None, typer.Option(help="--engine vllm: a small autoregressive draft model folder, "
@@ -274,12 +280,10 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
             raise TunerError(f"--engine {engine!r}: choose {', '.join(ENGINES)}")
         if mode not in ("auto", "live"):
             raise TunerError(f"--engine measures a live engine: drop --mode {mode}")
-        if workers > 1:
-            raise TunerError("--engine runs one server at a time on this machine (parallel servers would share its "
-                             "devices and skew every measurement): drop --workers")
-        _check_live_options(engine, engine_python, draft)  # before the profile: a typo costs no measurement
+        check_live_options(engine, engine_python, draft)  # before the profile: a typo costs no measurement
     elif mode == "live":
         raise TunerError("--mode live needs --engine dspark|vllm|sglang")
+    workers, device_ids = live_workers(devices, workers or 1, engine, workers is not None)
     if load not in ("closed", "sweep"):
         raise TunerError(f"--load {load!r}: choose closed or sweep")
     if serving is not None:
@@ -292,6 +296,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         from tuner.deploy import check
 
         check(deploy)
+        live_deploy(engine, deploy)
     check_out(out)  # before any trial runs, not after the whole study
     if study_name is not None:
         st.check_name(study_name)
@@ -342,7 +347,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                             plan=plan_json, plan_id=plan_id, mode=chosen, objectives=objectives,
                             slo_ttft_ms=slo.ttft_ms if slo else None, slo_tpot_ms=slo.tpot_ms if slo else None,
                             seed=seed, tool_version=tool, trial_seconds=trial_seconds, cost=priced,
-                            deploy=deploy or default_deploy(chosen, profile),
+                            deploy=deploy or live_deploy(engine) or default_deploy(chosen, profile),
                             cluster=choice.to_json() if choice is not None else None)
         if chosen != "live":
             spec.space()  # a deploy that leaves nothing runnable is one line now, not in the first trial
@@ -351,7 +356,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
 
             spec.calibration = lookup(database, profile.hw.name, profile.model.name)
         if engine is not None:
-            spec = _live_spec(spec, engine, engine_python, draft, trial_requests, trial_max_tokens, startup_seconds,
+            spec = live_spec(spec, engine, engine_python, draft, trial_requests, trial_max_tokens, startup_seconds,
                               quiet=as_json).model_copy(update={"live_load": load, "hot_trials": hot_trials})
         study_name = study_name or _default_study(profile, plan_json, chosen, objectives, seed, priced,
                                                   spec.calibration, spec.deploy, spec.cluster)
@@ -360,6 +365,13 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         shown = escape(study_name)  # a name or path with [brackets] is text, not Rich markup
         err_console.print(f"study [bold]{shown}[/] in {escape(_shown(url))}: Ctrl-C keeps every completed trial; "
                           f"resume with --study {shown}")
+    if device_ids is not None:
+        from tuner.live.devices import DEVICES_ENV
+
+        os.environ[DEVICES_ENV] = ",".join(map(str, device_ids))  # this process's and its workers' evaluators
+        if not as_json:
+            err_console.print(f"devices {os.environ[DEVICES_ENV]}: up to {workers} servers side by side, each on "
+                              "its own group (the finalists are confirmed one at a time)", highlight=False)
     try:
         done = _progress_runner(url, study_name, trials, workers, timeout, as_json)
         _confirm(done, confirm, as_json)
@@ -404,40 +416,6 @@ def _warn_assumed(spec, params: dict) -> None:  # noqa: ANN001 - tuner.study.Stu
         err_console.print(f"[yellow]warning:[/] the acceptance of the deployed drafter is assumed ({source}); "
                           "report.md shows the throughput at tau ±30%. Measure it before trusting the speedup.",
                           highlight=False, soft_wrap=True)
-
-
-def _live_spec(spec, engine: str, python: Path | None, draft: str | None, requests: int | None,  # noqa: ANN001
-               max_tokens: int | None, startup_s: float, quiet: bool):  # -> StudySpec
-    """A live study's settings: the engine found here (one line when it is missing or not the pinned version) and
-    the simulated optimum it starts from."""
-    from tuner.live.engines import ENGINES
-    from tuner.measure import _checkpoint
-    from tuner.prior import simulated_optimum
-
-    _check_live_options(engine, python, draft)
-    draft_path = str(Path(draft).absolute()) if draft else None  # absolute, not resolved: a link is kept as given
-    profile = spec.profile_model()
-    live = ENGINES[engine](profile, _checkpoint(profile), str(python) if python else None, draft_path).locate()
-    if live.warning and not quiet:
-        err_console.print(f"[yellow]warning:[/] {live.warning}", highlight=False, soft_wrap=True)
-    spec = spec.model_copy(update={"engine": engine, "engine_python": live.python, "draft": draft_path,
-                                   "engine_version": f"{live.package} {live.version}", "live_requests": requests,
-                                   "live_max_tokens": max_tokens, "startup_seconds": startup_s})
-    return spec.model_copy(update={"prior": simulated_optimum(spec)})
-
-
-def _check_live_options(engine: str, python: Path | None, draft: str | None) -> None:
-    """One line for a live option that cannot work: a missing interpreter or draft folder, or a draft path vLLM
-    would read as another method."""
-    if draft is not None and not (Path(draft) / "config.json").is_file():
-        raise TunerError(f"--draft {draft}: not a checkpoint folder (no config.json); give a small autoregressive "
-                         "model of the target's tokenizer, e.g. dspark_core/assets/tiny/draft")
-    if python is not None and not python.exists():
-        raise TunerError(f"--engine-python {python}: no such interpreter")
-    if engine == "vllm" and draft is not None:
-        from tuner.live.engines import check_vllm_draft
-
-        check_vllm_draft(str(Path(draft).absolute()))
 
 
 def _shown(url: str) -> str:

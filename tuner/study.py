@@ -26,6 +26,7 @@ from tuner.errors import TunerError
 from tuner.objective import OBJECTIVES, Evaluator, SimulateEvaluator
 from tuner.space import SearchSpace, closed_loop_clients, space_from_plan
 from tuner.storage import _RetryStale, grace_s, heartbeat_s, stop_heartbeats, storage  # noqa: F401 - the study's storage, re-exported
+from tuner.study_guards import beyond_target, enqueued_twice, measured_twice  # noqa: F401 - re-exported
 from tuner.trial_run import fail_dead, faults_as_one_line, quiet_interrupts, run_trial
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,8 +101,8 @@ class StudySpec(BaseModel):
         from tuner.deploy import restrict
         from tuner.live.space import engine_space
 
-        if self.mode == "live":
-            return engine_space(space, self)
+        if self.mode == "live":  # what the measured engine runs, and the bundle's engines too
+            return restrict(engine_space(space, self), self.deploy)
         from tuner.space import with_plain
 
         chosen = self.profile_model().drafter.chosen  # an explicit --drafter is the method the user asked for
@@ -205,8 +206,8 @@ def open_study(db_url: str, name: str, spec: StudySpec | None):  # -> optuna.Stu
     return study
 
 
-LIVE_ATTRS = ("engine", "predicted", "startup_s", "server_starts", "reused_server", "fail_kind", "server_log",
-              "sweep", "server_key", "same_server", "reconfigured", "reconfigure_failed")
+LIVE_ATTRS = ("engine", "devices", "predicted", "startup_s", "server_starts", "reused_server", "fail_kind",
+              "server_log", "sweep", "server_key", "same_server", "reconfigured", "reconfigure_failed")
 INFEASIBLE = 1e3  # constraint value of a configuration that does not run: worse than any relative SLO miss
 
 
@@ -226,37 +227,6 @@ def slo_constraints(ev: Any, slo_tpot_ms: float | None, slo_ttft_ms: float | Non
     return out
 
 
-def beyond_target(trial, target: int) -> bool:
-    """Whether `trial` came after the study already had `target` completed, running or queued trials: two workers
-    that both saw room for one more trial keep the one the database numbered first. A queued (enqueued, still
-    WAITING) trial counts: it keeps its lower number when a worker pops it later, so leaving it out let a trial
-    numbered after it run too, one over the target."""
-    from optuna.trial import TrialState
-
-    states = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
-    ahead = [t for t in trial.study.get_trials(deepcopy=False, states=states) if t.number < trial.number]
-    return len(ahead) >= target
-
-
-def enqueued_twice(trial, names: set[str] | None = None) -> int | None:
-    """The earlier trial holding the same enqueued configuration as `trial`, if one runs or ran: two screens that
-    both found a move missing both enqueue it (the check and the insert are two transactions); the later copy is
-    dropped when it is popped instead of being run again. `names`: the searched parameters; a partial enqueue
-    (`hot_siblings`: the sampler sets the rest) is no copy of anything."""
-    from optuna.trial import TrialState
-
-    trials = trial.study.get_trials(deepcopy=False)
-    me = next((t for t in trials if t.number == trial.number), None)
-    fixed = me.system_attrs.get("fixed_params") if me is not None else None
-    if not fixed or (names is not None and set(fixed) != set(names)):
-        return None
-    for t in trials:
-        if t.number < trial.number and t.state in (TrialState.COMPLETE, TrialState.RUNNING) and \
-                (t.system_attrs.get("fixed_params") or dict(t.params)) == fixed:
-            return t.number
-    return None
-
-
 def objective_fn(space: SearchSpace, evaluator: Evaluator, spec: StudySpec, target: int | None = None
                  ) -> Callable[[Any], Any]:
     def objective(trial) -> Any:
@@ -268,6 +238,11 @@ def objective_fn(space: SearchSpace, evaluator: Evaluator, spec: StudySpec, targ
         if twin is not None:
             raise optuna.TrialPruned(f"trial {twin} already runs this enqueued configuration")
         params = space.suggest(trial)
+        if spec.mode == "live":  # servers in parallel (--devices): no two measure one configuration
+            same = measured_twice(trial, target)
+            if same is not None:
+                trial.set_user_attr("duplicate_of", same)
+                raise optuna.TrialPruned(f"trial {same} measures this configuration")
         ev = evaluator.evaluate(params, seed=spec.seed)
         trial.set_user_attr("mode", evaluator.mode)
         trial.set_user_attr("feasible", ev.feasible)
@@ -289,10 +264,13 @@ def objective_fn(space: SearchSpace, evaluator: Evaluator, spec: StudySpec, targ
     return objective
 
 
-def make_sampler(seed: int, worker: int = 0):  # -> optuna.samplers.BaseSampler
+def make_sampler(seed: int, worker: int = 0, liar: bool = False):  # -> optuna.samplers.BaseSampler
+    """TPE; `liar`: running trials count as bad ones (Optuna's constant liar), so servers measuring side by side
+    are given different configurations."""
     import optuna
 
-    return optuna.samplers.TPESampler(seed=seed * 1009 + worker, multivariate=True, n_startup_trials=8)
+    return optuna.samplers.TPESampler(seed=seed * 1009 + worker, multivariate=True, n_startup_trials=8,
+                                      constant_liar=liar)
 
 
 def live(study) -> int:
@@ -316,7 +294,7 @@ def run_worker(db_url: str, name: str, target: int, worker: int = 0, timeout: fl
     with faults_as_one_line(name):
         study = optuna.load_study(study_name=name, storage=storage(db_url), sampler=None)
     spec = StudySpec.model_validate(study.user_attrs[SPEC_ATTR])
-    study.sampler = make_sampler(spec.seed, worker)
+    study.sampler = make_sampler(spec.seed, worker, liar=spec.mode == "live")
     space = spec.space()
     evaluator = make_evaluator(spec)
     if not space.distributions:
@@ -346,6 +324,9 @@ def run_worker(db_url: str, name: str, target: int, worker: int = 0, timeout: fl
                     from tuner.live.order import hot_siblings
 
                     hot_siblings(study, space, evaluator, last[-1], spec.hot_trials)
+            stop = getattr(evaluator, "stop", None)
+            if stop is not None:  # its server and devices: a trial another worker waits to run may need them
+                stop()
             wait_for_others(study, deadline)
     finally:
         stop_heartbeats()  # a Ctrl-C inside Optuna's heartbeat start leaves a thread that blocks the exit
@@ -392,9 +373,11 @@ def run(db_url: str, name: str, trials: int, workers: int = 1, timeout: float | 
         remaining = max(0, trials - len(completed(study)))
     if remaining == 0:
         return study
+    from tuner.live.process import _die_with_parent
+
     procs = [subprocess.Popen([sys.executable, "-m", "tuner.worker", db_url, name, str(trials), str(i),
-                               str(timeout) if timeout else "none"], cwd=str(ROOT))
-             for i in range(1, min(workers, remaining))]
+                               str(timeout) if timeout else "none"], cwd=str(ROOT), preexec_fn=_die_with_parent)
+             for i in range(1, min(workers, remaining))]  # a worker (and so its servers) stops with the tuner
 
     def cb(st, _trial) -> None:
         if on_progress:

@@ -14,7 +14,14 @@ from tuner.errors import TunerError
 from tuner.study import run_worker
 
 
+def _interrupt(_sig: int, _frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM (the tuner stopped or died): stop this worker's server on the way out
+
+
 def main(argv: list[str]) -> int:
+    import signal
+
+    signal.signal(signal.SIGTERM, _interrupt)
     db_url, name, n_trials, worker = argv[0], argv[1], int(argv[2]), int(argv[3])
     timeout = float(argv[4]) if len(argv) > 4 and argv[4] != "none" else None
     try:

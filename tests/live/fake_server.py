@@ -51,7 +51,7 @@ def main(port: int, mode: str) -> None:
             self.end_headers()
             n = int(body.get("max_tokens", 4))
             for _ in range(n):
-                time.sleep(0.002)
+                time.sleep(float(os.environ.get("FAKE_TOKEN_S", "0.002")))  # the device's time per token
                 self.wfile.write(b'data: {"choices": [{"text": "a", "finish_reason": null}]}\n\n')
             end = {"choices": [{"text": "", "finish_reason": "length"}],
                    "usage": {"prompt_tokens": 3, "completion_tokens": n}}

@@ -1,5 +1,6 @@
 """`python cli.py` with one more live engine, `fake`: each server start takes the next mode of $FAKE_ENGINE_MODES
-(comma-separated ok / fail / hang / die; the last repeats), counted in $FAKE_ENGINE_STATE. For the fault tests."""
+(comma-separated ok / fail / hang / die / wrongdev; the last repeats), counted in $FAKE_ENGINE_STATE. For the fault
+tests; $FAKE_TOKEN_S is the device's time per generated token."""
 
 from __future__ import annotations
 
@@ -37,11 +38,15 @@ class FakeEngine(DsparkEngine):
         state.write_text(str(n + 1))
         mode = modes[min(n, len(modes) - 1)]
         (folder / "params.txt").write_text(repr(sorted(params.items())))
-        return Launch([sys.executable, str(SERVER), str(port), mode], {}, folder, port,
+        argv = [sys.executable, str(SERVER), str(port), "ok" if mode == "wrongdev" else mode]
+        if mode == "wrongdev":  # a launch script that sets its own visible devices (another group's)
+            argv = ["env", "CUDA_VISIBLE_DEVICES=99", *argv]
+        return Launch(argv, {}, folder, port,
                       identity=f"start {n}")  # every start a new server: each takes the next mode
 
 
 ENGINES["fake"] = FakeEngine
+os.environ["DSPARK_ENGINE_PLUGINS"] = "tests.live.fake_tune"  # the tuner's worker processes register it too
 
 if __name__ == "__main__":
     from cli import main

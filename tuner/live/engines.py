@@ -87,6 +87,7 @@ class LiveEngine(abc.ABC):
         """The trial's launch files in `folder`, and how to start them on 127.0.0.1:`port`."""
 
     api_key: str | None = None  # the key the launched server requires (sent by the load and the reconfigurations)
+    threads: int | None = None  # CPU threads per server (servers side by side on one CPU share its cores)
 
     def env(self, found: Found) -> dict[str, str]:
         """Environment the engine's launch script needs beyond PATH (the engine's bin folder first)."""
@@ -228,7 +229,8 @@ class DsparkEngine(LiveEngine):
         write_dspark(folder, cfg, self.sps_table(params), sts_payload(self.profile, params,
                                                                        measured_calibration(drafter)),
                      self.common(0))
-        return self._launch(folder, port, found, self.env(found), params, ("--reconfigurable",))
+        extra = ("--reconfigurable", *(("--threads", str(self.threads)) if self.threads else ()))
+        return self._launch(folder, port, found, self.env(found), params, extra)
 
     def reconfigure(self, url: str, launch: Launch) -> str | None:
         """POST the trial's hot spec fields (as its dspark.yaml has them, policy files included) to /admin/spec."""
@@ -364,6 +366,30 @@ class SglangEngine(LiveEngine):
 
 
 ENGINES: dict[str, type[LiveEngine]] = {"dspark": DsparkEngine, "vllm": VllmEngine, "sglang": SglangEngine}
+PLUGINS_ENV = "DSPARK_ENGINE_PLUGINS"  # comma-separated modules that add LiveEngine classes to ENGINES on import
+
+
+def load_plugins() -> None:
+    """Import the modules $DSPARK_ENGINE_PLUGINS names (a tuner's worker processes inherit it, so an engine a
+    plug-in adds runs in every worker)."""
+    import importlib
+
+    for name in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise TunerError(f"${PLUGINS_ENV}: cannot import {name} ({e}); fix or unset it") from None
+
+
+load_plugins()
+
+
+def engine_class(name: str) -> type[LiveEngine]:
+    """The live engine `name` (one line when a study names an engine this tuner lacks: a plug-in not loaded)."""
+    if name not in ENGINES:
+        raise TunerError(f"this study measured the live engine {name!r}, which this tuner does not have; load the "
+                         f"plug-in that adds it (${PLUGINS_ENV}) or tune a new --study")
+    return ENGINES[name]
 
 
 def _quantised(checkpoint: Path) -> bool:

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuner.live.engines import ENGINES, Found, LiveEngine
+from tuner.live.devices import Lease, from_env, group_size, lease, seen_by
+from tuner.live.engines import Found, LiveEngine, engine_class
 from tuner.live.process import Launch, Server, ServerFailed, free_port, reap_orphans, state_dir
 from tuner.objective import Evaluation, Evaluator
 
@@ -37,7 +38,7 @@ class LiveEvaluator(Evaluator):
         self.spec = spec
         self.profile = spec.profile_model()
         self.path = _checkpoint(self.profile)
-        cls = ENGINES[spec.engine]
+        cls = engine_class(spec.engine)
         self.engine: LiveEngine = cls(self.profile, self.path, spec.engine_python, spec.draft)
         self.found: Found = self.engine.locate()
         have = f"{self.found.package} {self.found.version}"
@@ -65,6 +66,13 @@ class LiveEvaluator(Evaluator):
 
             raise TunerError(f"the study's workload file {wl.path} is gone; restore it or profile another workload")
         self.gpus = 1  # devices the trial's server uses (tok/s are per GPU)
+        self.devices = from_env()  # --devices: this machine's devices the study's servers share (None: one server)
+        self.lease: Lease | None = None  # the devices the running server holds
+        self._need = 1  # devices the next server needs (TP x replicas)
+        if self.devices is not None and self.engine.cpu:  # a CPU's "devices" side by side share its cores
+            import os
+
+            self.engine.threads = max(1, (os.cpu_count() or 1) // len(self.devices))
         self._sim = None
 
     def describe(self) -> str:
@@ -109,6 +117,9 @@ class LiveEvaluator(Evaluator):
         folder.mkdir()
         launch = self.engine.write(folder, params, free_port(), self.found)
         self.gpus = 1 if self.engine.cpu else int(params.get("parallel.tp", 1))
+        from tuner.targets import replicas
+
+        self._need = group_size(int(params.get("parallel.tp", 1)), replicas(self.profile, params))
         key = launch.key()
         if key in self._measured:  # the same server as an earlier trial of this run: its measurement stands
             ev = self._measured[key]
@@ -142,25 +153,52 @@ class LiveEvaluator(Evaluator):
                 base["reconfigure_failed"] = why  # a restart then gives the trial its own server
         if not reused:
             self.stop()
-            self.server = Server(launch, folder / "server.log")
+            env = {}
+            if self.devices is not None:
+                from tuner.errors import TunerError
+
+                try:
+                    self.lease = lease(self.devices, self._need)
+                except TunerError as e:
+                    return Evaluation({}, False, f"devices: {e}", {**base, "fail_kind": "devices"})
+                env = self.lease.env
+            self.server = Server(launch, folder / "server.log", env)
             self.serving = launch.key()
             self.server_starts += 1
             try:
                 base["startup_s"] = round(self.server.wait_healthy(self.startup_s), 2)
+                self._check_devices()
                 self._drive(WARMUP_REQUESTS, min(self.concurrency, WARMUP_REQUESTS), seed + 10_000)
             except ServerFailed as e:
                 return self._failed(e, base)
         base.update(server_starts=self.server_starts, reused_server=reused)
+        if self.lease is not None:
+            base["devices"] = list(self.lease.devices)
         try:
             return self._measure(seed, base)
         except ServerFailed as e:
             return self._failed(e, base)
 
     def _failed(self, e: ServerFailed, base: dict[str, Any]) -> Evaluation:
+        if self.lease is not None:
+            base["devices"] = list(self.lease.devices)
         log = self._keep_log()
         self.stop()
         return Evaluation({}, False, f"{e.kind}: {e.why}", {**base, "fail_kind": e.kind, "server_log": log,
                                                             "server_starts": self.server_starts})
+
+    def _check_devices(self) -> None:
+        """The server and its engine's processes see exactly their group (a launch script that sets its own
+        visible devices would run on another group's): a failed trial when they do not."""
+        if self.lease is None or self.server is None:
+            return
+        want = self.lease.env
+        seen = seen_by(self.server.proc.pid)
+        wrong = {k: v for k, v in seen.items() if v != want[k]}
+        if wrong or not seen:
+            got = ", ".join(f"{k}={v}" for k, v in (wrong or seen).items()) or "no visible-devices variable"
+            raise ServerFailed("devices", f"the server was given devices {want['CUDA_VISIBLE_DEVICES']} and "
+                               f"runs with {got}")
 
     def _keep_log(self) -> str | None:
         if self.server is None or not self.server.log_path.is_file():
@@ -264,9 +302,13 @@ class LiveEvaluator(Evaluator):
             (not self.spec.slo_ttft_ms or m["ttft_p99_ms"] <= self.spec.slo_ttft_ms)
 
     def stop(self) -> None:
+        """Stop the running server and free its devices."""
         if self.server is not None:
             self.server.stop()
             self.server, self.serving = None, None
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
 
     def close(self) -> None:
         """Stop the server and remove the trial folders (failed starts keep their logs under state_dir()/logs)."""

@@ -104,18 +104,18 @@ class ServerFailed(Exception):
 
     def __init__(self, kind: str, why: str) -> None:
         super().__init__(why)
-        self.kind = kind  # startup_failed | startup_timeout | died
+        self.kind = kind  # startup_failed | startup_timeout | died | devices
         self.why = why
 
 
 class Server:
     """One running server of a live trial."""
 
-    def __init__(self, launch: Launch, log: Path) -> None:
+    def __init__(self, launch: Launch, log: Path, env_extra: dict[str, str] | None = None) -> None:
         self.launch = launch
         self.log_path = log
         self.url = f"http://127.0.0.1:{launch.port}"
-        env = {**os.environ, **launch.env}
+        env = {**os.environ, **launch.env, **(env_extra or {})}  # env_extra: its devices (not part of its key)
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(launch.argv, cwd=launch.cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True,

@@ -28,6 +28,8 @@ def live_rows(trials: list[Any], again: dict[str, list[dict[str, float]]] | None
             start = "reused"
         else:
             start = f"{a['startup_s']:.1f} s" if "startup_s" in a else "failed"
+        if a.get("devices") and not a.get("same_server"):
+            start += f" on {','.join(map(str, a['devices']))}"
         rows.append({"number": str(t.number), "start": start, "throughput": _both(m, p, "throughput", ",.1f"),
                      "tpot": _both(m, p, "tpot_p99_ms", ".2f"), "ttft": _both(m, p, "ttft_p99_ms", ".0f"),
                      "tau": format(m["tau"], ".2f") if "tau" in m else "-",
@@ -55,3 +57,19 @@ def calibration_line(trials: list[Any]) -> str | None:
     return (f"Simulator against these measurements: measured / predicted throughput x{fit['scale']:.3g} (geometric "
             f"mean over {fit['trials']:.0f} trials, spread x{fit['spread']:.2f}). `tune` refits the simulator on them "
             "and stores the calibration; later studies of this hardware simulate with it (--no-calibration: not).")
+
+
+def parallel_line(trials: list[Any]) -> str | None:
+    """How many live trials ran at once (`--devices`: one server per device group), from their start and end
+    times; None when they ran one at a time."""
+    spans = sorted((t.datetime_start, t.datetime_complete) for t in trials
+                   if t.user_attrs.get("mode") == "live" and t.datetime_start and t.datetime_complete
+                   and not t.user_attrs.get("same_server"))
+    most, groups = 1, {tuple(t.user_attrs["devices"]) for t in trials if t.user_attrs.get("devices")}
+    for i, (start, _end) in enumerate(spans):
+        most = max(most, sum(1 for s, e in spans[:i + 1] if s <= start < e))
+    if most < 2:
+        return None
+    return (f"Up to {most} trials ran side by side, each server on its own device group "
+            f"({', '.join(','.join(map(str, g)) for g in sorted(groups))}); run `benchmarks/bench_live_devices.py "
+            "--isolate` to measure what neighbours cost a measurement.")

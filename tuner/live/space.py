@@ -17,11 +17,11 @@ from tuner.space import SearchSpace
 def engine_space(space: SearchSpace, spec) -> SearchSpace:  # noqa: ANN001 - tuner.study.StudySpec
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
-    from tuner.live.engines import ENGINES
+    from tuner.live.engines import engine_class
     from tuner.measure import _checkpoint
 
     profile = spec.profile_model()
-    engine = ENGINES[spec.engine](profile, _checkpoint(profile), spec.engine_python, spec.draft)
+    engine = engine_class(spec.engine)(profile, _checkpoint(profile), spec.engine_python, spec.draft)
     narrow = engine.narrow()
     dists: dict[str, Any] = {}
     defaults = dict(space.defaults)
