@@ -126,6 +126,7 @@ def test_trials_run_side_by_side_on_disjoint_groups(state, tmp_path):  # noqa: F
     assert not list((state / "servers").glob("*.json")) and not _servers_running(str(FAKE.with_name("fake_server")))
 
 
+@pytest.mark.slow  # ~30 s; the suite keeps a killed holder freeing its devices and the pidfile reaping (test_tune_live)
 def test_kill_9_of_a_tuner_with_devices_leaves_no_server(state, tmp_path):  # noqa: F811
     db = os.environ["DSPARK_DB"]
     args = ["--engine", "fake", "--devices", "0-1", "--study", "killed", "--out", str(tmp_path / "b"),
@@ -167,6 +168,7 @@ def test_kill_9_of_a_tuner_with_devices_leaves_no_server(state, tmp_path):  # no
     assert not list((state / "servers").glob("*.json")) and not _servers_running(str(FAKE.with_name("fake_server")))
 
 
+@pytest.mark.slow  # ~40 s; the suite keeps tests/tuner/test_study.py's two workers on one PostgreSQL study
 def test_two_tuners_with_disjoint_devices_share_one_postgres_study(state, tmp_path):  # noqa: F811
     from tests.conftest import PG_URL, _pg_database
 
