@@ -115,9 +115,21 @@ def far_worse(x: Any, base: Any, margin: float = FAR_WORSE) -> bool:
 
 
 def start_point(space: SearchSpace) -> dict[str, Any]:
-    """Trial 0: the rules' preferred values, the engine default or the range's centre elsewhere."""
+    """Trial 0: the rules' preferred values, the engine default or the range's centre elsewhere. A preferred value
+    the space no longer holds (a live engine's narrowed range: the closed loop caps running requests) is brought
+    into it, so no trial runs outside its own distribution."""
     defaults = engine_defaults()
-    return {k: space.warm_start.get(k, _center(d, defaults.get(k))) for k, d in space.distributions.items()}
+    return {k: _inside(d, space.warm_start[k]) if k in space.warm_start else _center(d, defaults.get(k))
+            for k, d in space.distributions.items()}
+
+
+def _inside(d: Any, v: Any) -> Any:
+    """`v` if distribution `d` holds it, else its nearest value there (a range's end; a choice list's centre)."""
+    if hasattr(d, "choices"):
+        return v if v in d.choices else _center(d, None)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return _center(d, None)
+    return type(d.low)(min(max(v, d.low), d.high))
 
 
 def _params_of(t: Any) -> dict[str, Any]:
