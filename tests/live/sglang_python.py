@@ -45,7 +45,9 @@ def ensure_parser() -> Path:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp), SGLANG,
                     *_pins()], check=True, capture_output=True, timeout=900)
     (tmp / ".stamp").write_text(want)
-    if folder.exists():
+    if folder.exists():  # an older install of ours (it has the stamp); anything else there is not ours to remove
+        if not stamp.is_file():
+            raise OSError(f"{folder} exists and was not installed by tests/live/sglang_python.py; remove it")
         import shutil
 
         shutil.rmtree(folder)

@@ -78,10 +78,11 @@ def test_waiters_are_served_in_order_and_dead_ones_skipped(monkeypatch, tmp_path
     queue = mine.parent
     (queue / f"{0:020d}-{dead.pid}-1-0").touch()  # an earlier waiter whose process is gone: skipped, removed
     assert dv._first(mine) and len(list(queue.iterdir())) == 1
+    (queue / "0-notes").touch()  # not a ticket: no waiter, and not removed
     later = dv._ticket([0, 1])
     assert not dv._first(later)  # behind this process's own, still live, ticket
     mine.unlink()
-    assert dv._first(later)
+    assert dv._first(later) and (queue / "0-notes").is_file()
     assert dv._ticket([2, 3]).parent != queue  # other devices: another queue
 
 

@@ -182,19 +182,21 @@ def _ticket(devices: list[int]) -> Path:
     return path
 
 
+TICKET = re.compile(r"\d{20}-(\d+)-(\d+|None)-\d+")  # _ticket's names: time, pid, its start ticks, a nonce
+
+
 def _first(ticket: Path) -> bool:
-    """Whether every waiter ahead of `ticket` is gone (their process ended: their ticket is removed here)."""
+    """Whether every waiter ahead of `ticket` is gone (their process ended: their ticket is removed here; a file
+    not named as a ticket is no waiter, and not ours to remove)."""
     from tuner.live.process import _alive
 
     for other in sorted(ticket.parent.iterdir()):
         if other.name >= ticket.name:
             return True
-        try:
-            _, pid, ticks, _ = other.name.split("-")
-            alive = _alive(int(pid), None if ticks == "None" else int(ticks))
-        except ValueError:
-            alive = False
-        if alive:
+        m = TICKET.fullmatch(other.name)
+        if m is None:
+            continue
+        if _alive(int(m[1]), None if m[2] == "None" else int(m[2])):
             return False
         other.unlink(missing_ok=True)
     return True
