@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results_md import shown_command, write_section  # noqa: E402
+from tuner.live.report import most_at_once  # noqa: E402
 
 ENTRY = {"dspark": ROOT / "cli.py", "fake": ROOT / "tests" / "live" / "fake_tune.py"}
 LOAD = ["--concurrency", "2", "--trial-requests", "6", "--trial-max-tokens", "16"]
@@ -62,8 +63,7 @@ def run(engine: str, work: Path, kb: Path, trials: int, devices: str | None, tag
             if t.state.name == "COMPLETE"]
     start = min(t.datetime_start for t in done)
     span = (max(t.datetime_complete for t in done) - start).total_seconds()
-    ends = [(t.datetime_start, t.datetime_complete) for t in done]
-    most = max(sum(1 for s, e in ends if s <= a < e) for a, _ in ends)
+    most = most_at_once(done)
     best = max((t for t in done if t.values and t.user_attrs.get("feasible")), key=lambda t: t.values[0],
                default=None)
     print(f"{engine} {tag}: {len(done)} trials, {wall:.1f} s (trials {span:.1f} s), up to {most} at once",
@@ -72,16 +72,22 @@ def run(engine: str, work: Path, kb: Path, trials: int, devices: str | None, tag
             "best": best.number if best else None}
 
 
-def neighbour(db: str, study: str, trial: int, seconds: float) -> None:
-    """(a subprocess) Measure trial `trial`'s configuration over and over on a group of its own for `seconds`."""
+def trial_point(db: str, study: str, trial: int):  # -> (StudySpec, params)
+    """Study `study`'s settings and trial `trial`'s configuration, as its server runs it."""
     import optuna
 
     from tuner import study as st
-    from tuner.live.evaluator import LiveEvaluator
 
     s = optuna.load_study(study_name=study, storage=db)
     spec = st.StudySpec.model_validate(s.user_attrs[st.SPEC_ATTR])
-    params = spec.space().params_of(dict(s.trials[trial].params))
+    return spec, spec.space().params_of(dict(s.trials[trial].params))
+
+
+def neighbour(db: str, study: str, trial: int, seconds: float) -> None:
+    """(a subprocess) Measure trial `trial`'s configuration over and over on a group of its own for `seconds`."""
+    from tuner.live.evaluator import LiveEvaluator
+
+    spec, params = trial_point(db, study, trial)
     ev = LiveEvaluator(spec)
     try:
         end = time.time() + seconds
@@ -95,21 +101,16 @@ def neighbour(db: str, study: str, trial: int, seconds: float) -> None:
 
 def isolate(engine: str, work: Path, par: dict, devices: str) -> dict:
     """The best configuration alone, then beside busy neighbours on every other group (throughput, tok/s)."""
-    import optuna
-
-    from tuner import study as st
     from tuner.live.devices import DEVICES_ENV, parse_devices
     from tuner.live.evaluator import LiveEvaluator
 
-    env = _env(work, Path(par["db"][len("sqlite:///"):] if par["db"].startswith("sqlite") else par["db"]))
+    env = _env(work, Path(par["db"]))
     os.environ.update({k: env[k] for k in ("DSPARK_DB", "DSPARK_STATE_DIR", "FAKE_ENGINE_STATE", "FAKE_TOKEN_S")})
     os.environ[DEVICES_ENV] = devices
     if engine == "fake":
         import tests.live.fake_tune  # noqa: F401 - registers the engine
     url = f"sqlite:///{par['db']}"
-    s = optuna.load_study(study_name="parallel", storage=url)
-    spec = st.StudySpec.model_validate(s.user_attrs[st.SPEC_ATTR])
-    params = spec.space().params_of(dict(s.trials[par["best"]].params))
+    spec, params = trial_point(url, "parallel", par["best"])
     ev = LiveEvaluator(spec)
     out: dict = {"alone": [], "beside": []}
     try:

@@ -231,16 +231,12 @@ def planned_point(space: Any, cluster: dict[str, Any], first: dict[str, Any]) ->
     want: dict[str, Any] = {"batch.max_requests": choice.worker_batch}
     if choice.plan.dtype == "fp8":
         want |= {"weights.dtype": "fp8", "kv.dtype": "fp8_e4m3"}
+    from tuner.design import inside
+
     out = dict(first)
     for k, v in want.items():
-        d = space.distributions.get(k)
-        if d is None:
-            continue
-        if hasattr(d, "choices"):
-            if v in d.choices:
-                out[k] = v
-        else:
-            out[k] = min(max(v, d.low), d.high)
+        if k in space.distributions:
+            out[k] = inside(space.distributions[k], v, out[k])
     method = space.distributions.get("spec.method")
     if method is not None and "plain" in method.choices:
         out["spec.method"] = "plain"

@@ -283,7 +283,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         check_live_options(engine, engine_python, draft)  # before the profile: a typo costs no measurement
     elif mode == "live":
         raise TunerError("--mode live needs --engine dspark|vllm|sglang")
-    workers, device_ids = live_workers(devices, workers or 1, engine, workers is not None)
+    workers, device_ids = live_workers(devices, workers, engine)
     if load not in ("closed", "sweep"):
         raise TunerError(f"--load {load!r}: choose closed or sweep")
     if serving is not None:

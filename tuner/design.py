@@ -119,16 +119,16 @@ def start_point(space: SearchSpace) -> dict[str, Any]:
     the space no longer holds (a live engine's narrowed range: the closed loop caps running requests) is brought
     into it, so no trial runs outside its own distribution."""
     defaults = engine_defaults()
-    return {k: _inside(d, space.warm_start[k]) if k in space.warm_start else _center(d, defaults.get(k))
-            for k, d in space.distributions.items()}
+    return {k: inside(d, space.warm_start[k], _center(d, None)) if k in space.warm_start
+            else _center(d, defaults.get(k)) for k, d in space.distributions.items()}
 
 
-def _inside(d: Any, v: Any) -> Any:
-    """`v` if distribution `d` holds it, else its nearest value there (a range's end; a choice list's centre)."""
+def inside(d: Any, v: Any, otherwise: Any) -> Any:
+    """`v` if distribution `d` holds it, a range's nearest end when `v` is a number beyond it, else `otherwise`."""
     if hasattr(d, "choices"):
-        return v if v in d.choices else _center(d, None)
+        return v if v in d.choices else otherwise
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return _center(d, None)
+        return otherwise
     return type(d.low)(min(max(v, d.low), d.high))
 
 

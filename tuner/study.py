@@ -373,10 +373,10 @@ def run(db_url: str, name: str, trials: int, workers: int = 1, timeout: float | 
         remaining = max(0, trials - len(completed(study)))
     if remaining == 0:
         return study
-    from tuner.live.process import _die_with_parent
+    from tuner.live.process import die_with_parent
 
     procs = [subprocess.Popen([sys.executable, "-m", "tuner.worker", db_url, name, str(trials), str(i),
-                               str(timeout) if timeout else "none"], cwd=str(ROOT), preexec_fn=_die_with_parent)
+                               str(timeout) if timeout else "none"], cwd=str(ROOT), preexec_fn=die_with_parent)
              for i in range(1, min(workers, remaining))]  # a worker (and so its servers) stops with the tuner
 
     def cb(st, _trial) -> None:

@@ -68,7 +68,6 @@ class LiveEvaluator(Evaluator):
         self.gpus = 1  # devices the trial's server uses (tok/s are per GPU)
         self.devices = from_env()  # --devices: this machine's devices the study's servers share (None: one server)
         self.lease: Lease | None = None  # the devices the running server holds
-        self._need = 1  # devices the next server needs (TP x replicas)
         if self.devices is not None and self.engine.cpu:  # a CPU's "devices" side by side share its cores
             import os
 
@@ -117,14 +116,14 @@ class LiveEvaluator(Evaluator):
         folder.mkdir()
         launch = self.engine.write(folder, params, free_port(), self.found)
         self.gpus = 1 if self.engine.cpu else int(params.get("parallel.tp", 1))
-        from tuner.targets import replicas
-
-        self._need = group_size(int(params.get("parallel.tp", 1)), replicas(self.profile, params))
         key = launch.key()
         if key in self._measured:  # the same server as an earlier trial of this run: its measurement stands
             ev = self._measured[key]
             return Evaluation(dict(ev.metrics), ev.feasible, ev.why, {**ev.extra, "same_server": True})
-        ev = self.run_launch(launch, folder, seed, self.predicted(params))
+        from tuner.targets import replicas
+
+        need = group_size(int(params.get("parallel.tp", 1)), replicas(self.profile, params))
+        ev = self.run_launch(launch, folder, seed, self.predicted(params), need)
         ev.extra["server_key"] = key[:12]
         if ev.feasible or ev.extra.get("fail_kind") != "died":  # a death may be chance: measure it again
             self._measured[key] = ev
@@ -136,9 +135,10 @@ class LiveEvaluator(Evaluator):
         self._measured.clear()
         return self.evaluate(params, seed)
 
-    def run_launch(self, launch: Launch, folder: Path, seed: int = 0, predicted: dict[str, float] | None = None
-                   ) -> Evaluation:
-        """Measure the server `launch` starts (or the running one, when its launch files are the same)."""
+    def run_launch(self, launch: Launch, folder: Path, seed: int = 0, predicted: dict[str, float] | None = None,
+                   need: int = 1) -> Evaluation:
+        """Measure the server `launch` starts (or the running one, when its launch files are the same); `need`:
+        the devices it uses (TP x replicas), leased from --devices."""
         base: dict[str, Any] = {"engine": f"{self.found.package} {self.found.version}", "cost_source": "measured live"}
         if predicted:
             base["predicted"] = predicted
@@ -158,7 +158,7 @@ class LiveEvaluator(Evaluator):
                 from tuner.errors import TunerError
 
                 try:
-                    self.lease = lease(self.devices, self._need)
+                    self.lease = lease(self.devices, need)
                 except TunerError as e:
                     return Evaluation({}, False, f"devices: {e}", {**base, "fail_kind": "devices"})
                 env = self.lease.env

@@ -13,14 +13,14 @@ def live_spec(spec, engine: str, python: Path | None, draft: str | None, request
                max_tokens: int | None, startup_s: float, quiet: bool):  # -> StudySpec
     """A live study's settings: the engine found here (one line when it is missing or not the pinned version) and
     the simulated optimum it starts from."""
-    from tuner.live.engines import ENGINES
+    from tuner.live.engines import engine_class
     from tuner.measure import _checkpoint
     from tuner.prior import simulated_optimum
 
     check_live_options(engine, python, draft)
     draft_path = str(Path(draft).absolute()) if draft else None  # absolute, not resolved: a link is kept as given
     profile = spec.profile_model()
-    live = ENGINES[engine](profile, _checkpoint(profile), str(python) if python else None, draft_path).locate()
+    live = engine_class(engine)(profile, _checkpoint(profile), str(python) if python else None, draft_path).locate()
     if live.warning and not quiet:
         err_console.print(f"[yellow]warning:[/] {live.warning}", highlight=False, soft_wrap=True)
     spec = spec.model_copy(update={"engine": engine, "engine_python": live.python, "draft": draft_path,
@@ -43,23 +43,24 @@ def check_live_options(engine: str, python: Path | None, draft: str | None) -> N
         check_vllm_draft(str(Path(draft).absolute()))
 
 
-def live_workers(devices: str | None, workers: int, engine: str | None, explicit: bool) -> tuple[int, list[int] | None]:
-    """Worker processes and the parsed --devices of a tune: one server per device group, side by side, needs
-    --devices (they must not share a device); without it a live study runs one server at a time."""
+def live_workers(devices: str | None, workers: int | None, engine: str | None) -> tuple[int, list[int] | None]:
+    """Worker processes (`--workers`, None when not given) and the parsed --devices of a tune: one server per device
+    group, side by side, needs --devices (they must not share a device); without it a live study runs one server at
+    a time."""
     from tuner.live.devices import parse_devices
 
     if devices is None:
-        if engine is not None and workers > 1:
+        if engine is not None and (workers or 1) > 1:
             raise TunerError("--engine runs one server at a time unless --devices names the devices they may share "
                              "(e.g. --devices 0-7: one server per group of TP x DP devices); add --devices or drop "
                              "--workers")
-        return workers, None
+        return workers or 1, None
     if engine is None:
         raise TunerError("--devices places the servers of a live study: add --engine dspark|vllm|sglang")
     ids = parse_devices(devices)
-    if explicit and workers > len(ids):
+    if workers is not None and workers > len(ids):
         raise TunerError(f"--workers {workers}: more servers than the {len(ids)} devices of --devices {devices} hold")
-    return (workers if explicit else len(ids)), ids
+    return workers or len(ids), ids
 
 
 def live_deploy(engine: str | None, deploy: str | None = None) -> str | None:

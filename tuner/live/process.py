@@ -59,7 +59,7 @@ def _alive(pid: int, ticks: int | None) -> bool:
     return now is not None and (ticks is None or now == ticks)
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # runs in the child between fork and exec
     import ctypes
 
     with contextlib.suppress(OSError, AttributeError):
@@ -119,7 +119,7 @@ class Server:
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(launch.argv, cwd=launch.cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+                                         preexec_fn=die_with_parent)
         self.started = time.time()
         self.pidfile = servers_dir() / f"{self.proc.pid}.json"
         self.pidfile.parent.mkdir(parents=True, exist_ok=True)

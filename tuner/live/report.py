@@ -59,15 +59,18 @@ def calibration_line(trials: list[Any]) -> str | None:
             "and stores the calibration; later studies of this hardware simulate with it (--no-calibration: not).")
 
 
+def most_at_once(trials: list[Any]) -> int:
+    """The most finished trials whose runs overlapped (each trial's start counted against every other's span)."""
+    spans = [(t.datetime_start, t.datetime_complete) for t in trials if t.datetime_start and t.datetime_complete]
+    return max((sum(1 for s, e in spans if s <= start < e) for start, _ in spans), default=0)
+
+
 def parallel_line(trials: list[Any]) -> str | None:
-    """How many live trials ran at once (`--devices`: one server per device group), from their start and end
-    times; None when they ran one at a time."""
-    spans = sorted((t.datetime_start, t.datetime_complete) for t in trials
-                   if t.user_attrs.get("mode") == "live" and t.datetime_start and t.datetime_complete
-                   and not t.user_attrs.get("same_server"))
-    most, groups = 1, {tuple(t.user_attrs["devices"]) for t in trials if t.user_attrs.get("devices")}
-    for i, (start, _end) in enumerate(spans):
-        most = max(most, sum(1 for s, e in spans[:i + 1] if s <= start < e))
+    """How many live trials ran at once (`--devices`: one server per device group); None when they ran one at a
+    time."""
+    most = most_at_once([t for t in trials if t.user_attrs.get("mode") == "live" and not t.user_attrs.get(
+        "same_server")])
+    groups = {tuple(t.user_attrs["devices"]) for t in trials if t.user_attrs.get("devices")}
     if most < 2:
         return None
     return (f"Up to {most} trials ran side by side, each server on its own device group "
