@@ -50,17 +50,28 @@ def _pg_database() -> Iterator[str]:
         admin.dispose()
 
 
+def _pg_or_skip() -> Iterator[str]:
+    """A fresh PostgreSQL database's URL: skipped without a server here, a failure under CI (which starts one)."""
+    if not PG_URL:
+        if os.environ.get("CI"):
+            pytest.fail("CI must export DSPARK_TEST_PG_URL (see .ci/run)")
+        pytest.skip("no PostgreSQL here: set DSPARK_TEST_PG_URL (CI does)")
+    yield from _pg_database()
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request, tmp_path) -> Iterator[str]:
     """A URL of an empty database, once on SQLite and once on PostgreSQL."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'kb-test.sqlite'}"
         return
-    if not PG_URL:
-        if os.environ.get("CI"):
-            pytest.fail("CI must export DSPARK_TEST_PG_URL (see .ci/run)")
-        pytest.skip("no PostgreSQL here: set DSPARK_TEST_PG_URL (CI does)")
-    yield from _pg_database()
+    yield from _pg_or_skip()
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A URL of an empty PostgreSQL database (see _pg_or_skip)."""
+    yield from _pg_or_skip()
 
 
 @pytest.fixture(scope="session")

@@ -170,42 +170,31 @@ def test_kill_9_of_a_tuner_with_devices_leaves_no_server(state, tmp_path):  # no
 
 
 @pytest.mark.slow  # ~40 s; the suite keeps tests/tuner/test_study.py's two workers on one PostgreSQL study
-def test_two_tuners_with_disjoint_devices_share_one_postgres_study(state, tmp_path):  # noqa: F811
-    from tests.conftest import PG_URL, _pg_database
+def test_two_tuners_with_disjoint_devices_share_one_postgres_study(state, tmp_path, pg_url):  # noqa: F811
+    url = pg_url
+    env = {"DSPARK_DB": url, "FAKE_TOKEN_S": "0.03"}  # ~7 s a trial (the second tuner joins in time), TPOT
+    # 30 ms (within the tiny profile's SLO)
+    r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "profile", "--model", "tiny", "--json"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+    assert r.returncode == 0, r.stderr[-2000:]
+    common = ["--engine", "fake", "--study", "shared", "--trials", "4", "--confirm", "0", "--json"]
+    first = subprocess.Popen([sys.executable, str(FAKE), "tune", *common, "--devices", "0-1", "--out",
+                              str(tmp_path / "a"), "--concurrency", "2", "--trial-requests", "8",
+                              "--trial-max-tokens", "60"], cwd=ROOT, env={**os.environ, **env},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    import optuna
 
-    if not PG_URL:
-        if os.environ.get("CI"):
-            pytest.fail("CI must export DSPARK_TEST_PG_URL (see .ci/run)")
-        pytest.skip("no PostgreSQL here: set DSPARK_TEST_PG_URL (CI does)")
-    gen = _pg_database()
-    url = next(gen)
-    try:
-        env = {"DSPARK_DB": url, "FAKE_TOKEN_S": "0.03"}  # ~7 s a trial (the second tuner joins in time), TPOT
-        # 30 ms (within the tiny profile's SLO)
-        r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "profile", "--model", "tiny", "--json"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=300, env={**os.environ, **env})
-        assert r.returncode == 0, r.stderr[-2000:]
-        common = ["--engine", "fake", "--study", "shared", "--trials", "4", "--confirm", "0", "--json"]
-        first = subprocess.Popen([sys.executable, str(FAKE), "tune", *common, "--devices", "0-1", "--out",
-                                  str(tmp_path / "a"), "--concurrency", "2", "--trial-requests", "8",
-                                  "--trial-max-tokens", "60"], cwd=ROOT, env={**os.environ, **env},
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.time() + 120
-        import optuna
-
-        while time.time() < deadline and not any(s.study_name == "shared"
-                                                 for s in optuna.get_all_study_summaries(url)):
-            time.sleep(0.5)
-        second = _tune(*common, "--devices", "2-3", "--out", str(tmp_path / "b"), env=env, fake=True)  # joins it
-        out, err = first.communicate(timeout=300)
-        assert first.returncode == 0 and second.returncode == 0, (err[-1500:], second.stderr[-1500:])
-        trials = optuna.load_study(study_name="shared", storage=url).trials
-        done = [t for t in trials if t.state.name == "COMPLETE"]
-        assert len(done) == 4  # exactly the target, between two tuners
-        params = [json.dumps(dict(t.params), sort_keys=True) for t in done]
-        assert len(set(params)) == len(params)  # no configuration twice
-        used = {d for t in done for d in t.user_attrs.get("devices", [])}
-        assert used <= {0, 1, 2, 3} and used & {2, 3}, used  # the second tuner ran trials, on its own devices
-    finally:
-        for _ in gen:
-            pass
+    while time.time() < deadline and not any(s.study_name == "shared"
+                                             for s in optuna.get_all_study_summaries(url)):
+        time.sleep(0.5)
+    second = _tune(*common, "--devices", "2-3", "--out", str(tmp_path / "b"), env=env, fake=True)  # joins it
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0 and second.returncode == 0, (err[-1500:], second.stderr[-1500:])
+    trials = optuna.load_study(study_name="shared", storage=url).trials
+    done = [t for t in trials if t.state.name == "COMPLETE"]
+    assert len(done) == 4  # exactly the target, between two tuners
+    params = [json.dumps(dict(t.params), sort_keys=True) for t in done]
+    assert len(set(params)) == len(params)  # no configuration twice
+    used = {d for t in done for d in t.user_attrs.get("devices", [])}
+    assert used <= {0, 1, 2, 3} and used & {2, 3}, used  # the second tuner ran trials, on its own devices
