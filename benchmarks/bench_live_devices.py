@@ -10,8 +10,9 @@ first start to the last end) and the ratio parallel / serial.
 - `fake`: tests/live/fake_tune.py's server, whose time per generated token is a sleep ($FAKE_TOKEN_S): a device
   that works while the host waits, as a GPU does. This measures what the scheduler itself achieves.
 
-`--isolate`: the parallel study's best configuration measured alone on a fresh server, then again while every other
-device group runs the same configuration under the same load; the ratio is what a neighbour costs a measurement.
+`--isolate`: `tune --isolate` on the parallel study: its best configuration measured alone on a fresh server, then
+again while every other device group runs the same configuration under the same load; the ratio is what a neighbour
+costs a measurement.
 
     python benchmarks/bench_live_devices.py --trials 16 --devices 0-3 --isolate --write
 """
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results_md import shown_command, write_section  # noqa: E402
+from tuner.live.isolate import isolation_text  # noqa: E402
 from tuner.live.report import most_at_once  # noqa: E402
 
 ENTRY = {"dspark": ROOT / "cli.py", "fake": ROOT / "tests" / "live" / "fake_tune.py"}
@@ -72,65 +74,15 @@ def run(engine: str, work: Path, kb: Path, trials: int, devices: str | None, tag
             "best": best.number if best else None}
 
 
-def trial_point(db: str, study: str, trial: int):  # -> (StudySpec, params)
-    """Study `study`'s settings and trial `trial`'s configuration, as its server runs it."""
-    import optuna
-
-    from tuner import study as st
-
-    s = optuna.load_study(study_name=study, storage=db)
-    spec = st.StudySpec.model_validate(s.user_attrs[st.SPEC_ATTR])
-    return spec, spec.space().params_of(dict(s.trials[trial].params))
-
-
-def neighbour(db: str, study: str, trial: int, seconds: float) -> None:
-    """(a subprocess) Measure trial `trial`'s configuration over and over on a group of its own for `seconds`."""
-    from tuner.live.evaluator import LiveEvaluator
-
-    spec, params = trial_point(db, study, trial)
-    ev = LiveEvaluator(spec)
-    try:
-        end = time.time() + seconds
-        i = 0
-        while time.time() < end:
-            ev.remeasure(params, seed=1000 + i)
-            i += 1
-    finally:
-        ev.close()
-
-
-def isolate(engine: str, work: Path, par: dict, devices: str) -> dict:
-    """The best configuration alone, then beside busy neighbours on every other group (throughput, tok/s)."""
-    from tuner.live.devices import DEVICES_ENV, parse_devices
-    from tuner.live.evaluator import LiveEvaluator
-
-    env = _env(work, Path(par["db"]))
-    os.environ.update({k: env[k] for k in ("DSPARK_DB", "DSPARK_STATE_DIR", "FAKE_ENGINE_STATE", "FAKE_TOKEN_S")})
-    os.environ[DEVICES_ENV] = devices
-    if engine == "fake":
-        import tests.live.fake_tune  # noqa: F401 - registers the engine
-    url = f"sqlite:///{par['db']}"
-    spec, params = trial_point(url, "parallel", par["best"])
-    ev = LiveEvaluator(spec)
-    out: dict = {"alone": [], "beside": []}
-    try:
-        for rep in range(2):
-            out["alone"].append(ev.remeasure(params, seed=rep).metrics.get("throughput", 0.0))
-            ev.stop()
-            n = len(parse_devices(devices)) - 1
-            procs = [subprocess.Popen([sys.executable, __file__, "--neighbour", url, "parallel", str(par["best"]),
-                                       "60"], cwd=ROOT, env={**env, DEVICES_ENV: devices},
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(n)]
-            time.sleep(8)  # the neighbours started and under load
-            out["beside"].append(ev.remeasure(params, seed=rep).metrics.get("throughput", 0.0))
-            ev.stop()
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                p.wait(60)
-    finally:
-        ev.close()
-    return out
+def isolate(engine: str, work: Path, devices: str) -> dict:
+    """`tune --isolate` on the finished parallel study (it resumes with its trials done and its stored settings):
+    the best configuration alone, then beside busy neighbours on every other group (tuner/live/isolate.py)."""
+    argv = [sys.executable, str(ENTRY[engine]), "tune", "--engine", engine, "--trials", "1", "--confirm", "0",
+            "--study", "parallel", "--out", str(work / "isolate"), "--json", "--devices", devices, "--isolate"]
+    r = subprocess.run(argv, cwd=ROOT, env=_env(work, work / "parallel.sqlite"), capture_output=True, text=True)
+    if r.returncode not in (0, 2) or not r.stdout.strip():
+        sys.exit(f"bench_live_devices: --isolate failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout)["isolation"]
 
 
 def main() -> int:
@@ -140,11 +92,7 @@ def main() -> int:
     ap.add_argument("--devices", default="0-3")
     ap.add_argument("--isolate", action="store_true")
     ap.add_argument("--write", action="store_true")
-    ap.add_argument("--neighbour", nargs=4, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.neighbour:
-        neighbour(a.neighbour[0], a.neighbour[1], int(a.neighbour[2]), float(a.neighbour[3]))
-        return 0
     import torch
 
     cap = torch.backends.cpu.get_cpu_capability()
@@ -156,11 +104,13 @@ def main() -> int:
         sys.exit(r.stderr[-2000:])
     rows, iso = [], {}
     for engine in a.engines.split(","):
-        ser = run(engine, work, kb, a.trials, None, "serial")
-        par = run(engine, work, kb, a.trials, a.devices, "parallel")
+        mine = work / engine  # each engine's databases, bundles and state apart (a database file is never reused)
+        mine.mkdir()
+        ser = run(engine, mine, kb, a.trials, None, "serial")
+        par = run(engine, mine, kb, a.trials, a.devices, "parallel")
         rows.append((engine, ser, par))
         if a.isolate and par["best"] is not None:
-            iso[engine] = isolate(engine, work, par, a.devices)
+            iso[engine] = isolate(engine, mine, a.devices)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     lines = [f"## Live tuning on device groups (issue 40, {when})", "",
              f"`{shown_command('benchmarks/bench_live_devices.py')}` on a CPU with capability **{cap}** "
@@ -177,13 +127,11 @@ def main() -> int:
                      f"{par['span_s']:.1f} | {par['at_once']} | {par['span_s'] / ser['span_s']:.2f} | "
                      f"{par['wall_s'] / ser['wall_s']:.2f} |")
     if iso:
-        lines += ["", "`--isolate`: the parallel study's best configuration, tok/s measured alone and beside busy "
-                  "neighbours (every other group serving it under the same load), two rounds:", ""]
+        lines += ["", "`tune --isolate` on the parallel study: its best configuration, tok/s measured alone (this "
+                  "machine leased exclusively) and beside busy neighbours (every other group serving it under the "
+                  "same load), two rounds:", ""]
         for engine, got in iso.items():
-            alone, beside = got["alone"], got["beside"]
-            ratio = (sum(beside) / len(beside)) / (sum(alone) / len(alone)) if sum(alone) else float("nan")
-            lines.append(f"- {engine}: alone {', '.join(f'{x:.1f}' for x in alone)}; beside "
-                         f"{', '.join(f'{x:.1f}' for x in beside)}; beside / alone {ratio:.2f}")
+            lines.append(f"- {engine}: {isolation_text(got)}")
     text = "\n".join(lines)
     print(text)
     print(json.dumps({"rows": rows, "isolate": iso}, default=str), file=sys.stderr)

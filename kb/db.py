@@ -115,6 +115,8 @@ class Database:
         if before != head:
             try:
                 with self.engine.begin() as conn:
+                    if self.url.startswith("sqlite"):  # the write lock first: a second process opening a new
+                        conn.exec_driver_sql("BEGIN IMMEDIATE")  # database waits here, then finds it at head
                     cfg = _alembic_config()
                     cfg.attributes["connection"] = conn
                     command.upgrade(cfg, "head")

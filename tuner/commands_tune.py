@@ -194,6 +194,22 @@ def _confirm(study, k: int, quiet: bool) -> None:  # noqa: ANN001 - optuna.Study
         confirm(study, spec, k, on_step=lambda i, n: bar.update(task, completed=i, total=n))
 
 
+def _isolate(study, db_url: str, quiet: bool) -> dict | None:  # noqa: ANN001 - optuna.Study
+    """--isolate: the exported configuration alone and beside busy neighbours (tuner/live/isolate.py)."""
+    from tuner import study as st
+    from tuner.live.isolate import ROUNDS, isolation
+
+    spec = st.StudySpec.model_validate(study.user_attrs[st.SPEC_ATTR])
+    if quiet:
+        return isolation(study, spec, db_url)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[bold]--isolate: the best alone, then beside busy neighbours[/]"), BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=False) as bar:
+        task = bar.add_task("", total=2 * ROUNDS)
+        return isolation(study, spec, db_url, on_step=lambda i, n: bar.update(task, completed=i, total=n))
+
+
 def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogue name, or auto/cpu = this "
                                                        "device). Default: the stored profile's.")] = None,
          model: Annotated[str | None, typer.Option(help="Model name or path (default: the stored profile's).")] = None,
@@ -236,6 +252,9 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
          confirm: Annotated[int, typer.Option(min=0, help="--engine: measure the N best configurations once "
                                               "more, each on a fresh server, and export the best mean (the best "
                                               "single trial is partly the luckiest draw).")] = 3,
+         isolate: Annotated[bool, typer.Option(help="--engine with --devices: after the study, measure the best "
+                                               "configuration alone and beside every other group under the same "
+                                               "load, and report what neighbours cost.")] = False,
          load: Annotated[str, typer.Option(help="--engine: closed (closed loop at the profiled concurrency) or sweep "
                                                 "(then open-loop rates below it: throughput at the SLOs).")] = "closed",
          calibrated: Annotated[bool, typer.Option("--calibration/--no-calibration", help="Simulate: scale times by "
@@ -284,6 +303,10 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
     elif mode == "live":
         raise TunerError("--mode live needs --engine dspark|vllm|sglang")
     workers, device_ids = live_workers(devices, workers, engine)
+    if isolate:
+        from tuner.live.isolate import check_isolate
+
+        check_isolate(device_ids, engine)
     if load not in ("closed", "sweep"):
         raise TunerError(f"--load {load!r}: choose closed or sweep")
     if serving is not None:
@@ -371,10 +394,12 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         os.environ[DEVICES_ENV] = ",".join(map(str, device_ids))  # this process's and its workers' evaluators
         if not as_json:
             err_console.print(f"devices {os.environ[DEVICES_ENV]}: up to {workers} servers side by side, each on "
-                              "its own group (the finalists are confirmed one at a time)", highlight=False)
+                              "its own group (the finalists are confirmed one at a time, alone on this machine)",
+                           highlight=False)
     try:
         done = _progress_runner(url, study_name, trials, workers, timeout, as_json)
         _confirm(done, confirm, as_json)
+        isolated = _isolate(done, url, as_json) if isolate else None
     except KeyboardInterrupt:
         n = len(st.completed(st.open_study(url, study_name, None)))
         err_console.print(f"interrupted: study {escape(study_name)} keeps its {n} completed trials; resume with "
@@ -395,6 +420,8 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         fit = store(database, study_name, stored, st.completed(done))
         if fit is not None:
             summary["calibration"] = fit
+    if isolated is not None:
+        summary["isolation"] = isolated
     if as_json:
         print_json(summary)
     else:

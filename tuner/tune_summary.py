@@ -42,3 +42,7 @@ def print_summary(s: dict[str, Any]) -> None:
         if c.get("at_grid_edge"):
             console.print(f"  note: {', '.join(c['at_grid_edge'])} at the top of the calibration grid (the machine may "
                           "be slower still there)", highlight=False)
+    if s.get("isolation"):
+        from tuner.live.isolate import isolation_text
+
+        console.print(f"  {isolation_text(s['isolation'])}", highlight=False)

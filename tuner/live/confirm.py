@@ -45,6 +45,7 @@ def confirm(study, spec, k: int, evaluator=None, on_step=None) -> dict[str, list
         return done
     space = spec.space()
     ev = evaluator or LiveEvaluator(spec)
+    ev.alone = True  # with --devices: no other server on this machine while a finalist is measured again
     try:
         for i, t in enumerate(todo):
             r = ev.remeasure(space.params_of(dict(t.params)), seed=spec.seed + 1 + i)  # as the exported script starts

@@ -7,6 +7,11 @@ and two tuner processes on one machine, or two workers of one tuner, never get t
 whole group at once or nothing (no worker holds some devices while it waits for more, so no two wait on each
 other); groups are aligned to their size where they can be (TP 2 on devices 0,1 or 2,3: the pairs a node's
 topology links best).
+
+A measurement that must run alone on this machine (a finalist's confirmation, the `--isolate` check's "alone" run)
+takes the machine exclusively: every lease also holds a shared `flock` on state_dir()/devices/node.lock, an
+exclusive lease holds it exclusively, and a gate file in front of it keeps new leases out while an exclusive one
+waits for the running servers to finish (so it is not starved by studies that keep starting trials).
 """
 
 from __future__ import annotations
@@ -119,11 +124,63 @@ def _candidates(devices: list[int], n: int) -> list[tuple[int, ...]]:
     return aligned + [r for r in runs if r not in aligned]
 
 
-def try_lease(devices: list[int], n: int) -> Lease | None:
-    """`n` of `devices` locked for this process, or None when fewer than `n` are free now: every free device is
-    locked for a moment, the best group of them kept (an aligned run, else a run, else any) and the rest let go."""
+def _node(exclusive: bool) -> list | None:
+    """This machine's hold for one lease (see the module docstring): the files locked ([node], or [gate, node] for
+    an exclusive lease), or None when it must wait: an exclusive lease holds or waits at the gate, and for an
+    exclusive one a server still runs (it keeps the gate meanwhile, so no new one starts)."""
     folder = locks_dir()
     folder.mkdir(parents=True, exist_ok=True)
+    mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+    if exclusive and _waiting_at_gate:
+        gate = _waiting_at_gate.pop()
+    else:
+        gate = open(folder / "gate.lock", "a+")  # noqa: SIM115 - held (exclusive) or let go below
+        try:
+            fcntl.flock(gate, mode | fcntl.LOCK_NB)
+        except OSError:
+            gate.close()
+            return None
+    node = open(folder / "node.lock", "a+")  # noqa: SIM115 - held while the lease lives
+    try:
+        fcntl.flock(node, mode | fcntl.LOCK_NB)
+    except OSError:
+        node.close()
+        if exclusive:
+            _waiting_at_gate.append(gate)
+        else:
+            gate.close()
+        return None
+    if exclusive:
+        return [gate, node]
+    gate.close()  # a shared lease passes the gate and leaves it
+    return [node]
+
+
+_waiting_at_gate: list = []  # an exclusive lease's gate file, held while it waits for the running servers
+
+
+def exclusive_waiting() -> bool:
+    """Whether an exclusive lease waits on this machine (a worker then stops its running server between trials
+    instead of keeping it for the next)."""
+    folder = locks_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "gate.lock", "a+") as gate:
+        try:
+            fcntl.flock(gate, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return not _waiting_at_gate  # our own waiting exclusive lease is no reason to stop
+        return False
+
+
+def try_lease(devices: list[int], n: int, exclusive: bool = False) -> Lease | None:
+    """`n` of `devices` locked for this process, or None when fewer than `n` are free now: every free device is
+    locked for a moment, the best group of them kept (an aligned run, else a run, else any) and the rest let go.
+    `exclusive`: no other lease on this machine while this one lives (a failed exclusive try keeps its place at
+    the gate until `lease` returns)."""
+    node = _node(exclusive)
+    if node is None:
+        return None
+    folder = locks_dir()
     free: dict[int, object] = {}
     try:
         for d in devices:
@@ -138,14 +195,18 @@ def try_lease(devices: list[int], n: int) -> Lease | None:
             return None
         ids = sorted(free)
         group = next((g for g in _candidates(ids, n)), tuple(ids[:n]))
-        return Lease(group, [free.pop(d) for d in group])
+        got, node = Lease(group, [*node, *(free.pop(d) for d in group)]), []
+        return got
     finally:
-        for f in free.values():
+        if exclusive and node:  # not leased: an exclusive waiter keeps its place at the gate
+            _waiting_at_gate.append(node.pop(0))
+        for f in [*free.values(), *node]:
             f.close()  # type: ignore[attr-defined]
 
 
-def lease(devices: list[int], n: int, say: bool = True) -> Lease:
-    """Block until `n` of `devices` are free, then hold them (TunerError when `devices` has fewer than `n`).
+def lease(devices: list[int], n: int, say: bool = True, exclusive: bool = False) -> Lease:
+    """Block until `n` of `devices` are free, then hold them (TunerError when `devices` has fewer than `n`);
+    `exclusive`: and until no other server runs on this machine, and hold it so.
 
     Waiters are served first come, first served (a ticket file per waiter, oldest first; a dead waiter's ticket is
     skipped): a trial that needs four devices is not starved by one-device trials that keep taking the next free
@@ -158,16 +219,20 @@ def lease(devices: list[int], n: int, say: bool = True) -> Lease:
     try:
         while True:
             if _first(ticket):
-                got = try_lease(devices, n)
+                got = try_lease(devices, n, exclusive)
                 if got is not None:
                     return got
             if say and not said:
-                print(f"waiting for {n} free device(s) of {','.join(map(str, devices))}", file=sys.stderr,
-                      flush=True)
+                print("waiting for the other servers on this machine to stop (this measurement runs alone)"
+                      if exclusive else f"waiting for {n} free device(s) of {','.join(map(str, devices))}",
+                      file=sys.stderr, flush=True)
                 said = True
             time.sleep(POLL_S * (0.5 + random.random()))
     finally:
         ticket.unlink(missing_ok=True)
+        for f in _waiting_at_gate:
+            f.close()
+        _waiting_at_gate.clear()
 
 
 def _ticket(devices: list[int]) -> Path:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuner.live.devices import Lease, from_env, group_size, lease, seen_by
+from tuner.live.devices import Lease, exclusive_waiting, from_env, group_size, lease, seen_by
 from tuner.live.engines import Found, LiveEngine, engine_class
 from tuner.live.process import Launch, Server, ServerFailed, free_port, reap_orphans, state_dir
 from tuner.objective import Evaluation, Evaluator
@@ -68,6 +68,7 @@ class LiveEvaluator(Evaluator):
         self.gpus = 1  # devices the trial's server uses (tok/s are per GPU)
         self.devices = from_env()  # --devices: this machine's devices the study's servers share (None: one server)
         self.lease: Lease | None = None  # the devices the running server holds
+        self.alone = False  # lease this machine exclusively: no other study's server runs beside (confirmations)
         if self.devices is not None and self.engine.cpu:  # a CPU's "devices" side by side share its cores
             import os
 
@@ -135,6 +136,10 @@ class LiveEvaluator(Evaluator):
         self._measured.clear()
         return self.evaluate(params, seed)
 
+    def load(self, seed: int = 0) -> None:
+        """The trial's load once more on the running server, measuring nothing (an --isolate neighbour)."""
+        self._drive(self.requests, self.concurrency, seed)
+
     def run_launch(self, launch: Launch, folder: Path, seed: int = 0, predicted: dict[str, float] | None = None,
                    need: int = 1) -> Evaluation:
         """Measure the server `launch` starts (or the running one, when its launch files are the same); `need`:
@@ -142,6 +147,8 @@ class LiveEvaluator(Evaluator):
         base: dict[str, Any] = {"engine": f"{self.found.package} {self.found.version}", "cost_source": "measured live"}
         if predicted:
             base["predicted"] = predicted
+        if self.lease is not None and exclusive_waiting():
+            self.stop()  # a measurement elsewhere on this machine waits to run alone: no server kept for it to wait on
         running = self.server is not None and self.server.exited() is None
         reused = running and self.serving == launch.key()
         if running and not reused and self.server.launch.restart_key() == launch.restart_key():  # type: ignore[union-attr]
@@ -158,7 +165,7 @@ class LiveEvaluator(Evaluator):
                 from tuner.errors import TunerError
 
                 try:
-                    self.lease = lease(self.devices, need)
+                    self.lease = lease(self.devices, need, exclusive=self.alone)
                 except TunerError as e:
                     return Evaluation({}, False, f"devices: {e}", {**base, "fail_kind": "devices"})
                 env = self.lease.env

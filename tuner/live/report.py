@@ -65,14 +65,17 @@ def most_at_once(trials: list[Any]) -> int:
     return max((sum(1 for s, e in spans if s <= start < e) for start, _ in spans), default=0)
 
 
-def parallel_line(trials: list[Any]) -> str | None:
-    """How many live trials ran at once (`--devices`: one server per device group); None when they ran one at a
-    time."""
+def parallel_line(trials: list[Any], isolation: dict[str, Any] | None = None) -> str | None:
+    """How many live trials ran at once (`--devices`: one server per device group), and what `--isolate` measured
+    neighbours to cost; None when they ran one at a time and nothing was isolated."""
+    from tuner.live.isolate import isolation_text
+
     most = most_at_once([t for t in trials if t.user_attrs.get("mode") == "live" and not t.user_attrs.get(
         "same_server")])
     groups = {tuple(t.user_attrs["devices"]) for t in trials if t.user_attrs.get("devices")}
+    iso = f" {isolation_text(isolation)}." if isolation else ""
     if most < 2:
-        return None
+        return iso.strip() or None
     return (f"Up to {most} trials ran side by side, each server on its own device group "
-            f"({', '.join(','.join(map(str, g)) for g in sorted(groups))}); run `benchmarks/bench_live_devices.py "
-            "--isolate` to measure what neighbours cost a measurement.")
+            f"({', '.join(','.join(map(str, g)) for g in sorted(groups))});" +
+            (iso or " `tune --isolate` measures what neighbours cost a measurement."))

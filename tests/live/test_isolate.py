@@ -1,0 +1,106 @@
+"""Measurements that run alone on this machine (exclusive leases: confirmations, `--isolate`'s alone runs), and
+`tune --isolate`: the exported configuration alone and beside busy neighbours, reported."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from tests.live.test_tune_live import FAKE, ROOT, _servers_running, _trials, _tune, state, tiny_kb  # noqa: F401
+from tuner.live import devices as dv
+
+HOLD = ("import sys, time; sys.path.insert(0, sys.argv[1]); from tuner.live.devices import lease; "
+        "held = lease([int(d) for d in sys.argv[2].split(',')], 1, exclusive=sys.argv[3] == 'x'); "
+        "print('held', flush=True); time.sleep(60)")
+
+
+def _holder(tmp_path, devices: str, exclusive: bool) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", HOLD, str(ROOT), devices, "x" if exclusive else "s"],
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "DSPARK_STATE_DIR": str(tmp_path)})
+
+
+def _stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGKILL)
+    p.wait(10)
+
+
+def test_an_exclusive_lease_waits_for_every_server_and_keeps_new_ones_out(monkeypatch, tmp_path):
+    monkeypatch.setenv("DSPARK_STATE_DIR", str(tmp_path))
+    other = _holder(tmp_path, "2,3", exclusive=False)  # another study's server, on other devices
+    try:
+        assert other.stdout.readline().strip() == "held"
+        assert dv.try_lease([0, 1], 1, exclusive=True) is None  # it still runs: no measurement alone yet
+        assert dv._waiting_at_gate  # ... but this waiter holds the gate meanwhile
+        late = _holder(tmp_path, "2,3", exclusive=False)  # a server that would start after it: kept out
+        try:
+            time.sleep(1.0)
+            assert late.poll() is None and not _ready(late)
+            assert subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                                   "from tuner.live.devices import exclusive_waiting; print(exclusive_waiting())",
+                                   str(ROOT)], capture_output=True, text=True,
+                                  env={**os.environ, "DSPARK_STATE_DIR": str(tmp_path)}).stdout.strip() == "True"
+            assert not dv.exclusive_waiting()  # our own waiting lease is no reason for us to stop
+            _stop(other)  # the running server ends (kill -9: the kernel frees its hold)
+            got = dv.try_lease([0, 1], 1, exclusive=True)
+            assert got is not None and got.devices == (0,)
+            assert dv.try_lease([0, 1], 1) is None  # nothing else while it lives, even a free device of its own
+            time.sleep(0.5)
+            assert not _ready(late)
+            got.release()
+            assert late.stdout.readline().strip() == "held"  # and then the late one starts
+        finally:
+            _stop(late)
+    finally:
+        _stop(other)
+        dv._waiting_at_gate.clear()
+
+
+def _ready(p: subprocess.Popen) -> bool:
+    import select
+
+    return bool(select.select([p.stdout], [], [], 0)[0])
+
+
+def test_a_killed_exclusive_holder_frees_the_machine(monkeypatch, tmp_path):
+    monkeypatch.setenv("DSPARK_STATE_DIR", str(tmp_path))
+    holder = _holder(tmp_path, "0", exclusive=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert dv.try_lease([1, 2], 1) is None
+        _stop(holder)
+        got = dv.try_lease([1, 2], 2)
+        assert got is not None
+        got.release()
+    finally:
+        _stop(holder)
+
+
+def test_isolate_needs_an_engine_and_two_devices(state, tmp_path):  # noqa: F811
+    for args, says in ((["--isolate"], "add --engine and --devices"),
+                       (["--engine", "fake", "--isolate"], "give --devices with two or more"),
+                       (["--engine", "fake", "--devices", "0", "--isolate"], "give --devices with two or more")):
+        r = _tune(*args, "--out", str(tmp_path / "b"), fake=True)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-600:])
+
+
+def test_isolate_measures_the_best_alone_and_beside_busy_neighbours(state, tmp_path):  # noqa: F811
+    out = tmp_path / "b"
+    r = _tune("--engine", "fake", "--devices", "0-2", "--trials", "2", "--confirm", "1", "--isolate", "--out",
+              str(out), "--concurrency", "2", "--trial-requests", "4", "--trial-max-tokens", "12", "--json",
+              env={"FAKE_TOKEN_S": "0.01"}, fake=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout)
+    iso = summary["isolation"]
+    assert iso["trial"] == summary["trial"] and iso["neighbours"] == 2  # every other group of 0-2 busy
+    assert len(iso["alone"]) == len(iso["beside"]) == 2 and min(iso["alone"] + iso["beside"]) > 0
+    assert abs(iso["ratio"] - (sum(iso["beside"]) / sum(iso["alone"]))) < 1e-3
+    assert 0.5 < iso["ratio"] < 1.5  # the fake server's time is a sleep: neighbours cost it little
+    assert "beside / alone" in (out / "report.md").read_text()
+    done = _trials(os.environ["DSPARK_DB"])
+    assert len([t for t in done if t.state.name == "COMPLETE"]) == 2
+    assert not list((state / "servers").glob("*.json")) and not _servers_running(str(FAKE.with_name("fake_server")))
