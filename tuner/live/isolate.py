@@ -26,7 +26,6 @@ from tuner.errors import TunerError
 
 ISOLATION_ATTR = "isolation"  # study user attribute: {trial, alone: [tok/s], beside: [tok/s], neighbours, ratio}
 ROUNDS = 2  # alone / beside pairs
-READY_TIMEOUT_S = 900.0  # a neighbour not serving under load by then fails the check
 
 
 def neighbours_of(devices: list[int], need: int) -> int:
@@ -74,7 +73,8 @@ def isolation(study, spec, db_url: str, on_step=None) -> dict[str, Any] | None: 
             if on_step:
                 on_step(2 * r + 1, 2 * ROUNDS)
             ev.alone = False
-            with neighbours(db_url, study.study_name, trial.number, n):
+            with neighbours(db_url, study.study_name, trial.number, n,
+                            ready_s=spec.startup_seconds + 3 * spec.trial_seconds):
                 beside.append(_throughput(ev, params, r))
             if on_step:
                 on_step(2 * r + 2, 2 * ROUNDS)
@@ -108,25 +108,28 @@ def _throughput(ev, params: dict[str, Any], seed: int) -> float:  # noqa: ANN001
 
 
 @contextmanager
-def neighbours(db_url: str, study: str, trial: int, n: int):  # noqa: ANN201
+def neighbours(db_url: str, study: str, trial: int, n: int, ready_s: float):  # noqa: ANN201
     """`n` neighbour processes, each serving trial `trial`'s configuration under load on a device group of its own;
-    yields once every one is under load, stops them on the way out."""
+    yields once every one is under load (each has started its server and measured once; a neighbour not there after
+    `ready_s` fails the check), stops them on the way out."""
     from tuner.live.process import die_with_parent
 
     folder = Path(tempfile.mkdtemp(prefix="isolate-"))
-    procs = [subprocess.Popen([sys.executable, "-m", "tuner.live.isolate", db_url, study, str(trial),
-                               str(folder / f"ready-{i}")], preexec_fn=die_with_parent,
-                              stdout=subprocess.DEVNULL, stderr=open(folder / f"log-{i}", "w"))  # noqa: SIM115
-             for i in range(n)]
+    procs = []
+    for i in range(n):
+        with open(folder / f"log-{i}", "w") as log:  # the child keeps its own descriptor
+            procs.append(subprocess.Popen([sys.executable, "-m", "tuner.live.isolate", db_url, study, str(trial),
+                                           str(folder / f"ready-{i}")], preexec_fn=die_with_parent,
+                                          stdout=subprocess.DEVNULL, stderr=log))
     try:
-        end = time.monotonic() + READY_TIMEOUT_S
+        end = time.monotonic() + ready_s
         while not all((folder / f"ready-{i}").exists() for i in range(n)):
             dead = [(i, p.returncode) for i, p in enumerate(procs) if p.poll() is not None]
             if dead:
                 log = (folder / f"log-{dead[0][0]}").read_text(errors="replace")[-400:].strip()
                 raise TunerError(f"--isolate: a neighbour server stopped (exit {dead[0][1]}): {log or 'no output'}")
             if time.monotonic() > end:
-                raise TunerError(f"--isolate: the neighbours were not serving after {READY_TIMEOUT_S:.0f} s")
+                raise TunerError(f"--isolate: the neighbours were not serving after {ready_s:.0f} s")
             time.sleep(0.2)
         yield
     finally:
