@@ -104,3 +104,15 @@ def test_isolate_measures_the_best_alone_and_beside_busy_neighbours(state, tmp_p
     done = _trials(os.environ["DSPARK_DB"])
     assert len([t for t in done if t.state.name == "COMPLETE"]) == 2
     assert not list((state / "servers").glob("*.json")) and not _servers_running(str(FAKE.with_name("fake_server")))
+
+
+def test_a_failed_isolate_check_is_said_and_the_bundle_still_exported(state, tmp_path):  # noqa: F811
+    out = tmp_path / "b"
+    r = _tune("--engine", "fake", "--devices", "0-1", "--trials", "1", "--confirm", "0", "--isolate", "--out",
+              str(out), "--concurrency", "2", "--trial-requests", "4", "--trial-max-tokens", "12", "--json",
+              env={"FAKE_TOKEN_S": "0.01", "FAKE_ENGINE_MODES": "ok,ok,fail"}, fake=True)  # the neighbour's start fails
+    assert r.returncode == 0, r.stderr[-2000:]
+    iso = json.loads(r.stdout)["isolation"]
+    assert "neighbour server stopped" in iso["skipped"] and "out of memory" in iso["skipped"].lower(), iso
+    assert (out / "report.md").is_file()
+    assert not list((state / "servers").glob("*.json")) and not _servers_running(str(FAKE.with_name("fake_server")))

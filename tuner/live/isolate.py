@@ -67,7 +67,7 @@ def isolation(study, spec, db_url: str, on_step=None) -> dict[str, Any] | None: 
     alone: list[float] = []
     beside: list[float] = []
     try:
-        for r in range(ROUNDS):
+        for r in range(ROUNDS):  # a run that fails is said, not raised: the study's bundle is still exported
             ev.alone = True
             alone.append(_throughput(ev, params, r))
             if on_step:
@@ -78,6 +78,8 @@ def isolation(study, spec, db_url: str, on_step=None) -> dict[str, Any] | None: 
                 beside.append(_throughput(ev, params, r))
             if on_step:
                 on_step(2 * r + 2, 2 * ROUNDS)
+    except TunerError as e:
+        return {"trial": trial.number, "skipped": str(e)}  # not stored: a resumed study tries again
     finally:
         ev.close()
     ratio = statistics.mean(beside) / statistics.mean(alone) if statistics.mean(alone) > 0 else None
@@ -102,8 +104,8 @@ def _throughput(ev, params: dict[str, Any], seed: int) -> float:  # noqa: ANN001
     r = ev.remeasure(params, seed=seed)
     ev.stop()
     if not r.feasible:
-        raise TunerError(f"--isolate: the exported configuration failed to measure ({r.why}); its trial passed, "
-                         "so this machine may be short of memory with neighbours: rerun without --isolate")
+        raise TunerError(f"the exported configuration failed to measure ({r.why}) though its trial passed: this "
+                         "machine may be short of memory beside its neighbours")
     return round(float(r.metrics.get("throughput", 0.0)), 3)
 
 
@@ -127,9 +129,9 @@ def neighbours(db_url: str, study: str, trial: int, n: int, ready_s: float):  # 
             dead = [(i, p.returncode) for i, p in enumerate(procs) if p.poll() is not None]
             if dead:
                 log = (folder / f"log-{dead[0][0]}").read_text(errors="replace")[-400:].strip()
-                raise TunerError(f"--isolate: a neighbour server stopped (exit {dead[0][1]}): {log or 'no output'}")
+                raise TunerError(f"a neighbour server stopped (exit {dead[0][1]}): {log or 'no output'}")
             if time.monotonic() > end:
-                raise TunerError(f"--isolate: the neighbours were not serving after {ready_s:.0f} s")
+                raise TunerError(f"the neighbours were not serving after {ready_s:.0f} s")
             time.sleep(0.2)
         yield
     finally:
