@@ -148,10 +148,6 @@ def neighbours(db_url: str, study: str, trial: int, n: int, ready_s: float):  # 
         folder.rmdir()
 
 
-def _interrupt(_sig: int, _frame: object) -> None:
-    raise KeyboardInterrupt  # stopped by the check: its server is stopped on the way out
-
-
 def neighbour(db_url: str, study_name: str, trial: int, ready: Path) -> None:
     """(a neighbour process) Serve trial `trial`'s configuration on a group of its own, under the trial's load,
     until stopped; `ready` is written once its server is measured and loaded."""
@@ -159,8 +155,9 @@ def neighbour(db_url: str, study_name: str, trial: int, ready: Path) -> None:
 
     from tuner import study as st
     from tuner.live.evaluator import LiveEvaluator
+    from tuner.worker import _interrupt
 
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)  # stopped by the check: its server is stopped on the way out
     study = optuna.load_study(study_name=study_name, storage=st.storage(db_url))
     spec = st.StudySpec.model_validate(study.user_attrs[st.SPEC_ATTR])
     params = spec.space().params_of(dict(study.trials[trial].params))
