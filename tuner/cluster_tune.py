@@ -135,6 +135,7 @@ def plan_cluster(profile: Any, gpus: int, nodes: int | None, serving: str, cost:
         got.slo = limits
         best = got.best()
         if best is None:
+            _fits_one_node(profile, gpus, per_node, isl + osl, engine, cost)
             asked = " or ".join(got.fronts) or serving
             raise TunerError(f"--serving {serving}: no {asked} layout of {profile.model.name} on {gpus} x "
                              f"{profile.hw.name} meets p99 TTFT {_ms(limits.ttft_ms)} / TPOT {_ms(limits.tpot_ms)} "
@@ -144,6 +145,22 @@ def plan_cluster(profile: Any, gpus: int, nodes: int | None, serving: str, cost:
             break
         tpot_limit = min(tpot_limit, best.tpot_ms) * limits.tpot_ms / p99
     return ClusterChoice(got, best, gpus, nodes, per_node, isl, osl, serving)
+
+
+def _fits_one_node(profile: Any, gpus: int, per_node: int, tokens: int, engine: str, cost: str) -> None:
+    """One line when no worker can hold the model at all: its weights and one request's KV exceed the largest worker a
+    node holds in every dtype the GPU runs (a worker does not span nodes), so no SLO or GPU count would help."""
+    from tuner.cluster import _Costs, tps
+
+    top = max(tps(gpus, per_node))
+    dtypes = ["bf16", "fp8"] if profile.hw.fp8 else ["bf16"]
+    if any(_Costs(profile, d, d, engine, cost).fits(top, 1, tokens) for d in dtypes):
+        return
+    mem = profile.hw.memory_gb
+    raise TunerError(f"{profile.model.name}'s weights and one request's KV do not fit {top} x {profile.hw.name}"
+                     f"{f' ({top * mem:.0f} GiB)' if mem else ''} in {' or '.join(dtypes)}, the largest worker "
+                     f"{'a node of ' + str(per_node) if gpus > per_node else 'these GPUs'} can hold, and a worker "
+                     "does not span nodes: plan on GPUs with more memory (e.g. --gpu h200) or a smaller model")
 
 
 def _best_dtype(profile: Any, gpus: int, isl: int, osl: int, slo: Slo, serving: str, engine: str, cost: str,

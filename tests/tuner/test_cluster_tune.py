@@ -99,6 +99,14 @@ def test_no_layout_meeting_the_slo_is_one_line(capsys, tmp_path):
     assert code == 2 and "no agg or disagg layout" in err and "Traceback" not in err
 
 
+def test_a_model_no_node_can_hold_is_said_so_not_blamed_on_the_slo(capsys, tmp_path):
+    code, _, err = run(capsys, "tune", "--model", "deepseek-v3", "--gpu", "h100", "--gpus", "16", "--serving", "auto",
+                       "--trials", "3", "--cost", "roofline", "--out", str(tmp_path / "b"), "--json")
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "do not fit 8 x H100" in err and "does not span nodes" in err and "loosen the SLOs" not in err
+    assert not (tmp_path / "b").exists()
+
+
 def test_tp_sizes_divide_a_node_and_replicas_fill_the_nodes() -> None:
     assert tps(16, 8) == [1, 2, 4, 8] and tps(12, 6) == [1, 2] and tps(4, 8) == [1, 2, 4]
     assert replicas_of(16, 4, 8) == 4 and replicas_of(12, 2, 6) == 6 and replicas_of(4, 2, 8) == 2
