@@ -2,12 +2,15 @@
 
 MODE: ok (serves), fail (prints an OOM and exits 1), hang (never listens), die (healthy, then exits on the first
 completion request). It streams `max_tokens` one-character chunks with usage, as vLLM and our serve do.
+$FAKE_SERVER_LOG: a file where each server appends a JSON line when it starts serving and when it is stopped (its
+visible devices and the time), so a test can see which servers ran at once.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -57,7 +60,19 @@ def main(port: int, mode: str) -> None:
                    "usage": {"prompt_tokens": 3, "completion_tokens": n}}
             self.wfile.write(f"data: {json.dumps(end)}\n\ndata: [DONE]\n\n".encode())
 
-    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    _log("start")
+    signal.signal(signal.SIGTERM, lambda *_: (_log("stop"), os._exit(0)))
+    server.serve_forever()
+
+
+def _log(event: str) -> None:
+    path = os.environ.get("FAKE_SERVER_LOG")
+    if path:
+        line = json.dumps({"pid": os.getpid(), "event": event, "t": time.time(),
+                           "devices": os.environ.get("CUDA_VISIBLE_DEVICES")})
+        with open(path, "a") as f:
+            f.write(line + "\n")
 
 
 if __name__ == "__main__":

@@ -116,3 +116,45 @@ def test_a_failed_isolate_check_is_said_and_the_bundle_still_exported(state, tmp
     assert "neighbour server stopped" in iso["skipped"] and "out of memory" in iso["skipped"].lower(), iso
     assert (out / "report.md").is_file()
     assert not list((state / "servers").glob("*.json")) and not _servers_running(str(FAKE.with_name("fake_server")))
+
+
+def _lifetimes(log) -> dict[int, dict]:
+    """Each fake server's devices, start and stop (its stop: when it was told to, or never)."""
+    out: dict[int, dict] = {}
+    for line in log.read_text().splitlines():
+        e = json.loads(line)
+        out.setdefault(e["pid"], {"devices": e["devices"], "stop": float("inf")})[e["event"]] = e["t"]
+    return out
+
+
+def test_a_confirmation_runs_with_no_other_tuners_server_on_the_machine(state, tmp_path):  # noqa: F811
+    """Two tuners on one machine, disjoint devices: the first's confirmation waits until the second's running servers
+    have stopped, keeps the second from starting more while it measures, and the second then goes on."""
+    log = tmp_path / "servers.jsonl"
+    env = {**os.environ, "FAKE_TOKEN_S": "0.02", "FAKE_SERVER_LOG": str(log)}
+    load = ["--concurrency", "2", "--trial-requests", "4", "--trial-max-tokens", "20", "--json"]
+    busy = subprocess.Popen([sys.executable, str(FAKE), "tune", "--engine", "fake", "--devices", "2-3", "--study",
+                             "busy", "--trials", "10", "--confirm", "0", "--out", str(tmp_path / "b1"), *load],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (log.is_file() and _lifetimes(log)):  # the other study's first server is up
+            assert time.time() < deadline and busy.poll() is None, busy.communicate()[1][-2000:]
+            time.sleep(0.2)
+        r = subprocess.run([sys.executable, str(FAKE), "tune", "--engine", "fake", "--devices", "0-1", "--study",
+                            "first", "--trials", "1", "--confirm", "1", "--out", str(tmp_path / "b2"), *load],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        _, err = busy.communicate(timeout=300)
+        assert busy.returncode == 0, err[-2000:]
+    finally:
+        if busy.poll() is None:
+            busy.kill()
+    servers = _lifetimes(log)
+    mine = sorted((s for s in servers.values() if s["devices"] in ("0", "1")), key=lambda s: s["start"])
+    others = [s for s in servers.values() if s["devices"] in ("2", "3")]
+    confirm = mine[-1]  # the first tuner's last server: its finalist measured again
+    assert len(mine) == 2 and confirm["stop"] < float("inf")
+    assert not [s for s in others if s["start"] < confirm["stop"] and confirm["start"] < s["stop"]]
+    assert any(s["stop"] <= confirm["start"] for s in others)  # the other study ran before it ...
+    assert any(s["start"] >= confirm["stop"] for s in others)  # ... and went on after it
