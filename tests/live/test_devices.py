@@ -198,3 +198,18 @@ def test_two_tuners_with_disjoint_devices_share_one_postgres_study(state, tmp_pa
     assert len(set(params)) == len(params)  # no configuration twice
     used = {d for t in done for d in t.user_attrs.get("devices", [])}
     assert used <= {0, 1, 2, 3} and used & {2, 3}, used  # the second tuner ran trials, on its own devices
+
+
+def test_a_failing_server_costs_its_trial_and_frees_its_group(state, tmp_path, monkeypatch):  # noqa: F811
+    r = _tune("--engine", "fake", "--devices", "0-1", "--trials", "4", "--confirm", "0", "--startup-seconds", "3",
+              "--out", str(tmp_path / "b"), *SMALL, env={"FAKE_ENGINE_MODES": "fail,hang,ok"}, fake=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    done = [t for t in _trials(os.environ["DSPARK_DB"]) if t.state.name == "COMPLETE"]
+    kinds = sorted(str(t.user_attrs.get("fail_kind")) for t in done)
+    assert len(done) == 4 and kinds == ["None", "None", "startup_failed", "startup_timeout"], kinds
+    assert all(len(t.user_attrs["devices"]) == 1 for t in done)  # every trial, failed or not, says where it ran
+    monkeypatch.setenv("DSPARK_STATE_DIR", str(state))
+    freed = dv.try_lease([0, 1], 2)  # no group is left held by a failed server
+    assert freed is not None
+    freed.release()
+    assert not list((state / "servers").glob("*.json")) and not _servers_running(str(FAKE.with_name("fake_server")))
