@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.live.test_tune_live import FAKE, ROOT, _servers_running, _trials, _tune, state, tiny_kb  # noqa: F401
 from tuner.live import devices as dv
 
@@ -127,6 +129,7 @@ def _lifetimes(log) -> dict[int, dict]:
     return out
 
 
+@pytest.mark.slow  # ~35 s; the suite keeps the exclusive lease's own tests above (waits, keeps new leases out)
 def test_a_confirmation_runs_with_no_other_tuners_server_on_the_machine(state, tmp_path):  # noqa: F811
     """Two tuners on one machine, disjoint devices: the first's confirmation waits until the second's running servers
     have stopped, keeps the second from starting more while it measures, and the second then goes on."""
