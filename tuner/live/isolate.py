@@ -11,6 +11,7 @@ beside / alone is what neighbours cost; the report and `--json` show it, and the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import statistics
@@ -128,7 +129,7 @@ def neighbours(db_url: str, study: str, trial: int, n: int, ready_s: float):  # 
         while not all((folder / f"ready-{i}").exists() for i in range(n)):
             dead = [(i, p.returncode) for i, p in enumerate(procs) if p.poll() is not None]
             if dead:
-                log = (folder / f"log-{dead[0][0]}").read_text(errors="replace")[-400:].strip()
+                log = _tail(folder / f"log-{dead[0][0]}")
                 raise TunerError(f"a neighbour server stopped (exit {dead[0][1]}): {log or 'no output'}")
             if time.monotonic() > end:
                 raise TunerError(f"the neighbours were not serving after {ready_s:.0f} s")
@@ -143,9 +144,18 @@ def neighbours(db_url: str, study: str, trial: int, n: int, ready_s: float):  # 
                 p.wait(60)
             except subprocess.TimeoutExpired:
                 p.kill()
-        for f in folder.iterdir():
-            f.unlink()
-        folder.rmdir()
+        for i in range(n):  # the files this check wrote, by name; the folder goes only if nothing else is in it
+            (folder / f"ready-{i}").unlink(missing_ok=True)
+            (folder / f"log-{i}").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def _tail(path: Path, limit: int = 4096) -> str:
+    """The end of a neighbour's log (its last `limit` bytes read, at most 400 characters kept)."""
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - limit))
+        return f.read().decode(errors="replace").strip()[-400:]
 
 
 def neighbour(db_url: str, study_name: str, trial: int, ready: Path) -> None:
