@@ -175,6 +175,18 @@ def _progress_runner(db_url: str, name: str, trials: int, workers: int, timeout:
         return opt
 
 
+def _with_bar(title: str, quiet: bool, run):  # noqa: ANN001, ANN202 - run(on_step) -> its result
+    """`run(on_step)` under a progress bar titled `title` (none with --json); `on_step(done, total)` moves it."""
+    if quiet:
+        return run(None)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn(f"[bold]{title}[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=False) as bar:
+        task = bar.add_task("", total=None)
+        return run(lambda i, n: bar.update(task, completed=i, total=n))
+
+
 def _confirm(study, k: int, quiet: bool) -> None:  # noqa: ANN001 - optuna.Study
     """A live study's finalists measured again (tuner/live/confirm.py), with a progress bar."""
     from tuner import study as st
@@ -183,31 +195,17 @@ def _confirm(study, k: int, quiet: bool) -> None:  # noqa: ANN001 - optuna.Study
     spec = st.StudySpec.model_validate(study.user_attrs[st.SPEC_ATTR])
     if spec.mode != "live" or k <= 0 or spec.objectives[0] != "throughput":
         return
-    if quiet:
-        confirm(study, spec, k)
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("[bold]confirming the best on fresh servers[/]"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console, transient=False) as bar:
-        task = bar.add_task("", total=None)
-        confirm(study, spec, k, on_step=lambda i, n: bar.update(task, completed=i, total=n))
+    _with_bar("confirming the best on fresh servers", quiet, lambda step: confirm(study, spec, k, on_step=step))
 
 
 def _isolate(study, db_url: str, quiet: bool) -> dict | None:  # noqa: ANN001 - optuna.Study
     """--isolate: the exported configuration alone and beside busy neighbours (tuner/live/isolate.py)."""
     from tuner import study as st
-    from tuner.live.isolate import ROUNDS, isolation
+    from tuner.live.isolate import isolation
 
     spec = st.StudySpec.model_validate(study.user_attrs[st.SPEC_ATTR])
-    if quiet:
-        return isolation(study, spec, db_url)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("[bold]--isolate: the best alone, then beside busy neighbours[/]"), BarColumn(),
-                  MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=False) as bar:
-        task = bar.add_task("", total=2 * ROUNDS)
-        return isolation(study, spec, db_url, on_step=lambda i, n: bar.update(task, completed=i, total=n))
+    return _with_bar("--isolate: the best alone, then beside busy neighbours", quiet,
+                     lambda step: isolation(study, spec, db_url, on_step=step))
 
 
 def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogue name, or auto/cpu = this "
