@@ -142,60 +142,46 @@ def compare() -> dict[str, Any]:
             "under_aic_agree": sum(r["under_aic"]["agree"] for r in done), "cases": len(done)}
 
 
+def _aic_layout(a: dict[str, Any], mode: str) -> str:
+    """AIC's best layout of `mode` in its own notation (tp / dp = attention DP / etp = MoE TP / ep)."""
+    m = a[mode]
+    if mode == "agg":
+        return f"{m.get('parallel')} x bs {m.get('bs')}"
+    return (f"{m.get('(p)workers')}P {m.get('(p)parallel')} + {m.get('(d)workers')}D {m.get('(d)parallel')} "
+            f"x bs {m.get('(d)bs')}")
+
+
 def _markdown(res: dict[str, Any]) -> str:
+    aic = json.loads(AIC_FILE.read_text())["cases"]
     lines = ["## Cluster planning against AIConfigurator's own search, speculation off (issue 39)", "",
              f"`python benchmarks/bench_vs_aic_cluster.py --write`; AIC's results: `{AIC_FILE.relative_to(ROOT)}` "
              f"(aiconfigurator 0.12.0 `Task` + `pick_default`, sglang tables, ISL {ISL} / OSL {OSL}); ours: "
-             "tuner/cluster.py on the same kernel tables. Tokens/s per GPU of the cluster.", "",
+             "tuner/cluster.py on the same kernel tables. Tokens/s per GPU of the cluster; the best layouts in AIC's "
+             "notation (tp: attention TP, dp: attention DP, etp / ep: MoE TP / EP; bs per attention-DP rank) and "
+             "ours (TPn: the worker's GPUs; batch: its requests in all).", "",
              "| case (system, model, GPUs, TTFT/TPOT ms) | AIC agg | AIC disagg | ours agg | ours disagg | ours / AIC "
-             "best | mode (AIC / ours) | under AIC's assumptions: disagg, ours / AIC best, mode |",
-             "|---|---:|---:|---:|---:|---:|---|---|"]
+             "best | mode (AIC / ours) | AIC's best layout | our best layout | under AIC's assumptions: disagg, "
+             "ours / AIC best, mode |",
+             "|---|---:|---:|---:|---:|---:|---|---|---|---|"]
     for r in res["rows"]:
         if "ratio" not in r:
-            lines.append(f"| {r['case']} | {r['skipped']} | | | | | |")
+            lines.append(f"| {r['case']} | {r['skipped']} | | | | | | | | |")
             continue
         s, m, g, t1, t2 = r["case"].split("|")
         o = r["ours"]
         u = r["under_aic"]
+        mine = r["our_layouts"][r["our_choice"]].split(" on ")[0]
         lines.append(f"| {s}, {m}, {g}, {t1}/{t2} | {r['aic']['agg']:.0f} | {r['aic']['disagg']:.0f} | "
                      f"{o.get('agg', 0):.0f} | {o.get('disagg', 0):.0f} | {r['ratio']:.2f} | "
-                     f"{r['aic_choice']} / {r['our_choice']} | {u['ours'].get('disagg', 0):.0f}, {u['ratio']:.2f}, "
-                     f"{u['our_choice']} |")
+                     f"{r['aic_choice']} / {r['our_choice']} | {_aic_layout(aic[r['case']], r['aic_choice'])} | "
+                     f"{mine} | {u['ours'].get('disagg', 0):.0f}, {u['ratio']:.2f}, {u['our_choice']} |")
     n = res["cases"]
     lines += ["", f"Within 10% of AIC's best: {res['within_10pct']}/{n}; same serving mode: {res['agree']}/{n}. Under "
               f"AIC's assumptions (`tuner/cluster.py` AIC_SGLANG: the same priced forwards with AIC's disagg derates, "
-              f"same-TP pairs, one prompt a prefill, no KV transfer, TTFT x 1.8, xPyD groups of 1, 2, 4, 8, 16, 24, "
-              f"... GPUs): within 10% {res['under_aic_within_10pct']}/{n}, same mode {res['under_aic_agree']}/{n}.",
-              "",
-              *WHAT_DIFFERS, ""]
+              f"same-attention-TP pairs, one prompt a prefill, no KV transfer, TTFT x 1.8, xPyD groups of 1, 2, 4, 8, "
+              f"16, 24, ... GPUs): within 10% {res['under_aic_within_10pct']}/{n}, same mode "
+              f"{res['under_aic_agree']}/{n}.", ""]
     return "\n".join(lines)
-
-
-WHAT_DIFFERS = [
-    "What differs (aiconfigurator 0.12.0, the wheel's `aiconfigurator/` paths):",
-    "- The planner takes AIC's empirical losses of disaggregated serving (`tuner/cluster.py` OURS; a MoE model's "
-    "prefill and decode at one TP, `assumptions_for`): prefill latency x "
-    "1.1 and decode x 1.08 (`sdk/task_v2.py:643-644`), the rate-matched pools at 0.9 and 0.92 of their rates and "
-    "TTFT's queueing factor 1.8 (`sdk/sweep.py:65-75`, \"empirical degradation factors\"). Without them (the first "
-    "version of this table) our disagg ran 1.06-1.97x AIC's and we chose disagg in 8 cases where AIC chose agg.",
-    "- Under all of AIC's assumptions (the last column) our best disaggregated layout's throughput is within 5% of "
-    "AIC's in 8 of 12 cases, within 1% in 6: the priced forwards agree, and the rest of the gap is in what each "
-    "assumes. Where it is not (DeepSeek-V3 1.66x, Llama-70B on H100 1.14x, Qwen3-235B 0.89x, Llama-8B on A100 "
-    "0.91x), the MoE layouts and AIC's per-worker batch schedule differ.",
-    "- AIC gives prefill and decode the same TP on SGLang (`sdk/task_v2.py:2752` `_require_same_tp_gate`, citing "
-    "ai-dynamo/dynamo#5870); SGLang's mooncake backend reslices KV pages across TP sizes (SGLang PRs 5922 and 6793), "
-    "so ours pairs any TPs (70B: 4 P x TP2 + 1 D x TP8) and the scripts say to keep mooncake for such a pair. That "
-    "is most of the remaining disagg differences (1.03-1.28x).",
-    "- AIC charges no KV transfer (`sdk/inference_session.py:185`, \"TODO, should consider kvcache model\"); ours "
-    "charges the KV's crossing at 50 GB/s per GPU (it changes no choice here). AIC sizes an xPyD group only as 1, 2, "
-    "4, 8, 16, 24, ... GPUs and prefills one prompt a forward; ours fills the cluster with any x, y and batches up to "
-    "8 prompts (TTFT's 1.8 factor leaves one prompt a forward in every case here).",
-    "- Aggregated: AIC's in-flight batching model (`aiconfigurator_core/sdk/backends/base_backend.py` `run_agg`) runs "
-    "prefill chunks inside decode steps (mixed steps with an efficiency factor); ours charges every iteration the "
-    "average B / OSL prefills as their own forwards, as SGLang runs them without `--enable-mixed-chunk`. Our agg is "
-    "0-15% under AIC's (MoE models most), and DeepSeek-V3 20% over, where AIC searches EP and DP-attention layouts "
-    "ours does not model yet.",
-]
 
 
 def main() -> None:

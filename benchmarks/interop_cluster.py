@@ -37,7 +37,24 @@ CASES = {  # name -> tune arguments (each case profiles anew)
     "llama-3.1-70b/16xh200/auto": ["--model", "llama-3.1-70b", "--gpu", "h200", "--gpus", "16", "--serving", "auto"],
     "llama-3.1-70b/16xh200/agg": ["--model", "llama-3.1-70b", "--gpu", "h200", "--gpus", "16", "--serving", "agg"],
     "deepseek-v3/16xh200/auto": ["--model", "deepseek-v3", "--gpu", "h200", "--gpus", "16", "--serving", "auto"],
+    # a MoE model's workers with data-parallel attention and expert parallelism: long prompts (LONG) and a 20 ms TPOT
+    "qwen3-30b-a3b/8xh200/disagg-long": ["--model", "qwen3-30b-a3b", "--gpu", "h200", "--gpus", "8", "--serving",
+                                         "disagg", "--workload", "{long}", "--slo-tpot-ms", "20",
+                                         "--slo-ttft-ms", "1000"],
 }
+LONG = (8, 3300, 1000)  # the "{long}" workload: prompts, words a prompt (~3,900 tokens), output tokens
+
+
+def long_workload(path: Path) -> Path:
+    """A JSONL workload of LONG's long prompts (deterministic words; the planner reads only their lengths)."""
+    import random
+
+    rng = random.Random(0)
+    words = "the of and to in is for on with as by at from that this model server token request cluster".split()
+    n, size, out = LONG
+    path.write_text("".join(json.dumps({"prompt": " ".join(rng.choice(words) for _ in range(size)),
+                                        "output_len": out}) + "\n" for _ in range(n)))
+    return path
 HOLD_S = 20  # how long a stand-in server stays up in a replica script (the longest parse takes ~10 s)
 
 
@@ -76,9 +93,13 @@ def check_bundle(bundle: Path, env: dict[str, str]) -> list[dict]:
     if lay["mode"] == "disagg":
         urls = {"PREFILL_URLS": " ".join(f"http://10.0.0.{i}:30000" for i in range(lay["prefill_workers"])),
                 "DECODE_URLS": " ".join(f"http://10.0.1.{i}:30000" for i in range(lay["decode_workers"]))}
-        for role, tp in (("prefill", lay["prefill_tp"]), ("decode", lay["decode_tp"])):
+        for role, tp, dp in (("prefill", lay["prefill_tp"], lay.get("prefill_attn_dp", 1)),
+                             ("decode", lay["decode_tp"], lay.get("attn_dp", 1))):
             if f"sglang_{role}.sh" in files:
-                rows.append(_one(bundle / f"sglang_{role}.sh", env, {"disaggregation_mode": role, "tp_size": tp}))
+                ep = lay.get("prefill_ep" if role == "prefill" else "ep", 1)
+                want = {"disaggregation_mode": role, "tp_size": tp} | ({"attn_dp_size": dp} if dp > 1 else {}) \
+                    | ({"ep_size": ep} if ep > 1 else {})
+                rows.append(_one(bundle / f"sglang_{role}.sh", env, want))
             if f"vllm_{role}.sh" in files:
                 rows.append(_one(bundle / f"vllm_{role}.sh", env, {"gpus": tp}))  # TP x DP (attention DP + EP)
         if "sglang_router.sh" in files:
@@ -130,7 +151,8 @@ def run_case(name: str, py: Path, work: Path) -> dict:
     env = {**os.environ, "DSPARK_DB": f"sqlite:///{case / 'kb.sqlite'}"}
     bundle = case / "bundle"
     t0 = time.time()
-    t = ic._cli(["tune", *CASES[name], "--out", str(bundle), "--json"], env)
+    args = [str(long_workload(case / "long.jsonl")) if a == "{long}" else a for a in CASES[name]]
+    t = ic._cli(["tune", *args, "--out", str(bundle), "--json"], env)
     row: dict = {"case": name, "tune_exit": t.returncode, "tune_s": round(time.time() - t0, 1)}
     if not (bundle / "cluster.json").is_file():
         return {**row, "error": (t.stderr.strip().splitlines() or ["no bundle"])[-1]}
@@ -158,10 +180,15 @@ def run_case(name: str, py: Path, work: Path) -> dict:
 
 
 def _layout(lay: dict) -> str:
+    from tuner.cluster import worker_name
+
     if lay["mode"] == "agg":
-        return f"agg {lay['replicas']} x TP{lay['tp']} ({lay['batch']} req)"
-    return (f"disagg {lay['prefill_workers']}P x TP{lay['prefill_tp']} + {lay['decode_workers']}D x "
-            f"TP{lay['decode_tp']} ({lay['decode_batch']} req)")
+        return f"agg {lay['replicas']} x {worker_name(lay['tp'], lay.get('attn_dp', 1), lay.get('ep', 1))} " \
+               f"({lay['batch']} req)"
+    return (f"disagg {lay['prefill_workers']}P x "
+            f"{worker_name(lay['prefill_tp'], lay.get('prefill_attn_dp', 1), lay.get('prefill_ep', 1))} + "
+            f"{lay['decode_workers']}D x {worker_name(lay['decode_tp'], lay.get('attn_dp', 1), lay.get('ep', 1))} "
+            f"({lay['decode_batch']} req)")
 
 
 def table(rows: list[dict]) -> str:
@@ -218,7 +245,8 @@ def _write(rows: list[dict], when: str) -> None:
     write_section("interop_cluster", (
         "## Deployment bundles of `tune --serving` against the released engines (issue 39)\n\n"
         f"`python benchmarks/interop_cluster.py --write` ({when}; peers {', '.join(ic.PEERS)} in a CPU-only venv). "
-        "Each bundle comes from `tune --gpus 16 --serving ...`; bash runs every deployment script unmodified with "
+        "Each bundle comes from `tune --gpus N --serving ...` (the MoE case: long prompts, ~3,900 tokens, and "
+        "1,000 output tokens at TTFT 1 s / TPOT 20 ms); bash runs every deployment script unmodified with "
         "`python` / `vllm` handed to SGLang's, sglang-router's and vLLM's own parsers (a replica script's servers "
         "and router all checked). tune s: the whole command on this machine (plan, 40 simulated trials of the "
         "decoding server, export). Planned: AIC-priced in the better of bf16 and FP8, speculation off; as "

@@ -148,11 +148,14 @@ def _said(exc: BaseException) -> str:
 class _Handle:
     """One compiled AIC engine (model x system x parallelism x dtypes) and its cached per-op queries."""
 
-    def __init__(self, target: AicTarget, tp: int, weights: str, kv: str, moe: bool, moe_ep: int = 1) -> None:
+    def __init__(self, target: AicTarget, tp: int, weights: str, kv: str, moe: bool, moe_ep: int = 1,
+                 attn_dp: int = 1) -> None:
         from aiconfigurator_core.sdk.engine import EngineHandle
 
         cat = catalog()
-        kwargs: dict[str, Any] = {"tp_size": tp, "backend_version": target.database}
+        # `tp` GPUs: attention TP x attention DP (AIC's tp_size x attention_dp_size), MoE TP x EP
+        kwargs: dict[str, Any] = {"tp_size": tp // attn_dp, "attention_dp_size": attn_dp,
+                                  "backend_version": target.database}
         if weights != "checkpoint":  # "checkpoint": the quant modes AIC infers from the model's own config
             kwargs |= {"gemm_quant_mode": cat["gemm_quant"][weights], "kvcache_quant_mode": cat["kv_quant"][kv],
                        "fmha_quant_mode": cat["fmha_quant"][kv]}
@@ -218,11 +221,13 @@ def _quiet():
 _HANDLES: dict[tuple, _Handle] = {}
 
 
-def handle(target: AicTarget, tp: int, weights: str, kv: str, moe: bool, moe_ep: int = 1) -> _Handle:
-    """The compiled engine for this choice, compiled once per process (a compile costs ~1 s, a query ~20 us)."""
-    key = (target, tp, weights, kv, moe, moe_ep)
+def handle(target: AicTarget, tp: int, weights: str, kv: str, moe: bool, moe_ep: int = 1,
+           attn_dp: int = 1) -> _Handle:
+    """The compiled engine for this choice, compiled once per process (a compile costs ~1 s, a query ~20 us).
+    With `attn_dp` > 1 its forwards are one attention-DP rank's: AIC scales the MoE's tokens by the ranks."""
+    key = (target, tp, weights, kv, moe, moe_ep, attn_dp)
     if key not in _HANDLES:
-        _HANDLES[key] = _Handle(target, tp, weights, kv, moe, moe_ep)
+        _HANDLES[key] = _Handle(target, tp, weights, kv, moe, moe_ep, attn_dp)
     return _HANDLES[key]
 
 
@@ -266,18 +271,28 @@ class AicPerfModel(PerfModel):
     def _ctx(self, context: float) -> int:
         return max(1, int(round(context / self._ctx_round)) * self._ctx_round)
 
+    def _rank(self, tokens: int, requests: int) -> tuple[int, int]:
+        """(tokens, requests) of one attention-DP rank when the server's `requests` spread evenly over its ranks
+        (the busiest rank's share: the ranks step together)."""
+        requests = max(1, min(requests, tokens))
+        if self.attn_dp <= 1:
+            return tokens, requests
+        per = math.ceil(requests / self.attn_dp)
+        return max(per, math.ceil(per * tokens / requests)), per
+
     def step(self, tokens: int, context: float, requests: int = 1) -> StepCost:
         assert self.aic is not None
-        requests = max(1, min(requests, tokens))
-        if tokens / requests > PREFILL_ROWS:
+        if tokens / max(1, min(requests, tokens)) > PREFILL_ROWS:
             return self.prefill(tokens, 2.0 * context, requests)
+        tokens, requests = self._rank(tokens, requests)
         ms = self.aic.decode_ms(tokens, requests, self._ctx(context))
         return StepCost(ms / 1e3 + self.eff.overhead_s, 0.0, 0.0, "aic")
 
     def prefill(self, tokens: int, prompt: float, requests: int = 1) -> StepCost:
         assert self.aic is not None
-        requests = max(1, min(requests, tokens))
-        ms = self.aic.prefill_ms(requests, max(1, math.ceil(tokens / requests)))
+        per_request = max(1, math.ceil(tokens / max(1, min(requests, tokens))))
+        _, requests = self._rank(tokens, requests)
+        ms = self.aic.prefill_ms(requests, per_request)
         return StepCost(ms / 1e3 + self.eff.overhead_s, 0.0, 0.0, "aic")
 
     def draft_step(self, requests: int, gamma: int, context: float, draft_layers: int, head: str,
@@ -286,14 +301,15 @@ class AicPerfModel(PerfModel):
         context; a MoE target's drafter is dense, its FFN the active experts' width as GEMMs), the LM head at
         B x gamma rows, then gamma sequential head GEMMs of B rows."""
         assert self.aic is not None
-        s = self.shape
+        s, dense_tp = self.shape, max(1, self.tp // self.attn_dp)
+        requests = math.ceil(requests / self.attn_dp)  # one attention-DP rank's share
         rows = requests * gamma
         ops = self.aic.decode_ops(rows, requests, self._ctx(context))
         head_ms = sum(ms for name, ms in ops if "logits" in name)
         layer_ms = sum(ms for name, ms in ops if "logits" not in name and "embedding" not in name
                        and not (s.num_experts and ("moe" in name or "router" in name)))
         if s.num_experts:  # a dense drafter layer of the target's active width: gate/up and down GEMMs of k experts
-            width = max(1, s.experts_per_token * s.expert_width // self.tp)
+            width = max(1, s.experts_per_token * s.expert_width // dense_tp)
             layer_ms += (self.aic.gemm_ms(rows, 2 * width, s.hidden) + self.aic.gemm_ms(rows, s.hidden, width)) \
                 * s.num_layers
         t = (layer_ms * draft_layers / s.num_layers + head_ms) / 1e3 + self.eff.overhead_s
@@ -302,14 +318,14 @@ class AicPerfModel(PerfModel):
             t += gamma * self.aic.gemm_ms(requests, s.vocab, width) / 1e3
         return t * self.eff.draft_scale + self.eff.draft_request_s * requests
 
-
     def seq_draft_step(self, d, rows: int, requests: int, context: float) -> float:  # noqa: ANN001 - methods.Drafting
         """One step of a sequential drafter from the target's own op tables at `rows` rows: an MTP module is one
         target layer (its MoE at the rows' routing) plus the shared LM head and the eh_proj GEMM; an EAGLE-3 layer
         is the attention of one layer, a dense MLP of the draft's width, the fc over three target layers' states
         and the LM head scaled to the draft vocabulary."""
         assert self.aic is not None
-        s = self.shape
+        s, dense_tp = self.shape, max(1, self.tp // self.attn_dp)
+        rows, requests = self._rank(rows, requests)
         ops = self.aic.decode_ops(rows, requests, self._ctx(context))
         head_ms = sum(ms for name, ms in ops if "logits" in name)
         body = [(name, ms) for name, ms in ops if "logits" not in name and "embedding" not in name]
@@ -318,7 +334,8 @@ class AicPerfModel(PerfModel):
         else:
             ffn = ("moe", "router", "ffn", "mlp", "gate", "up", "down", "shared")
             layer_ms = sum(ms for name, ms in body if not any(w in name.lower() for w in ffn)) / s.num_layers
-            width = max(1, (d.draft_intermediate or (s.mlp_width if not s.num_experts else 4 * s.hidden)) // self.tp)
+            width = max(1, (d.draft_intermediate or (s.mlp_width if not s.num_experts else 4 * s.hidden))
+                        // dense_tp)
             layer_ms += self.aic.gemm_ms(rows, 2 * width, s.hidden) + self.aic.gemm_ms(rows, s.hidden, width)
             layer_ms += self.aic.gemm_ms(rows, s.hidden, 3 * s.hidden)
             head_ms *= (d.draft_vocab or s.vocab) / s.vocab
@@ -399,23 +416,24 @@ def aic_perf(base: PerfModel, profile: Profile, engine: str = "sglang") -> tuple
     if target is None:
         return base, why
     moe = bool(profile.model.num_experts)
+    dp, ep = (base.attn_dp, base.ep) if moe else (1, 1)  # a dense model's server is TP whatever it was asked
     first = ""
     for weights, kv in _variants(target, base.weights_dtype, base.kv_dtype):
         why = unsupported(target, weights, kv)
         if not why:
             try:
-                h = handle(target, base.tp, weights, kv, moe)
+                h = handle(target, base.tp, weights, kv, moe, ep, dp)
             except Exception as exc:  # noqa: BLE001 - AIC refuses a layout or lacks a table: try the next variant
-                why = (f"AIC cannot compile {profile.model.name} at tp {base.tp} ({weights} weights, {kv} KV): "
-                       f"{_said(exc)}")
+                layout = f"tp {base.tp}" + (f" (attention DP {dp}, EP {ep})" if max(dp, ep) > 1 else "")
+                why = f"AIC cannot compile {profile.model.name} at {layout} ({weights} weights, {kv} KV): {_said(exc)}"
         if why:
             first = first or why
             continue
-        ref_base = replace(base, weights_dtype=weights, kv_dtype=kv)
+        ref_base = replace(base, weights_dtype=weights, kv_dtype=kv, attn_dp=dp, ep=ep)
         ref = AicPerfModel(ref_base.shape, ref_base.hw, ref_base.eff, weights, kv, base.tp, base.cuda_graph_max_bs,
-                           aic=h, target=target)
+                           dp, ep, aic=h, target=target)
         if (weights, kv) == (base.weights_dtype, base.kv_dtype):
             return ref, ""
         return ScaledAicPerfModel(base.shape, base.hw, base.eff, base.weights_dtype, base.kv_dtype, base.tp,
-                                  base.cuda_graph_max_bs, ref=ref, ref_roofline=ref_base), ""
+                                  base.cuda_graph_max_bs, dp, ep, ref=ref, ref_roofline=ref_base), ""
     return base, first

@@ -19,7 +19,7 @@ from typing import Any
 
 from tuner.errors import TunerError
 
-BATCHES = (1, 2, 4, *range(8, 513, 8))  # decode batch sizes tried per worker
+BATCHES = (*range(1, 16), *range(16, 64, 2), *range(64, 513, 8))  # requests tried per worker (per attention-DP rank)
 MEMORY_FRACTION = 0.88  # of GPU memory for weights + KV (SGLang's --mem-fraction-static default range)
 NETWORK_GBS = 50.0  # per GPU between nodes: one 400 Gb/s ConnectX-7 per GPU in NVIDIA DGX H100 / H200 / B200
 
@@ -37,7 +37,8 @@ class Assumptions:
     prefill_share: float = 1.0  # of a prefill pool's isolated rate that rate matching gets
     decode_share: float = 1.0  # of a decode pool's
     ttft_scale: float = 1.0  # TTFT = this x the prefill (queueing under load)
-    same_tp: bool = False  # prefill and decode workers of one TP only
+    same_tp: bool = False  # prefill and decode workers of one attention TP only
+    same_worker: bool = False  # prefill and decode workers of one shape only (GPUs, attention DP, EP)
     prefill_batches: tuple[int, ...] = (1, 2, 4, 8)  # prompts a prefill worker batches into one forward
     kv_transfer: bool = True  # charge the KV's crossing to the decode worker
     replica_sizes: tuple[int, ...] = ()  # GPUs one xPyD group may take, the cluster holding whole groups (): any
@@ -53,7 +54,7 @@ def assumptions_for(profile: Any) -> Assumptions:
     """The planner's assumptions for `profile`'s model: a MoE model's tuned server may run its experts in parallel
     and its attention data-parallel, a layout its prefill workers share, so prefill and decode pair at one TP (as
     AIC pairs them on SGLang)."""
-    return replace(OURS, same_tp=True) if profile.model.num_experts else OURS
+    return replace(OURS, same_tp=True, same_worker=True) if profile.model.num_experts else OURS
 
 
 AIC_SGLANG = Assumptions(prefill_scale=1.1, decode_scale=1.08, prefill_share=0.9, decode_share=0.92, ttft_scale=1.8,
@@ -79,7 +80,7 @@ class Layout:
     tokens_per_s_user: float  # output tokens/s one request sees (1 / TPOT)
     ttft_ms: float
     tpot_ms: float
-    tp: int = 0  # agg: TP of a replica
+    tp: int = 0  # agg: GPUs of a replica (SGLang's --tp-size)
     replicas: int = 0  # agg: replicas behind the router
     batch: int = 0  # agg: requests per replica
     prefill_tp: int = 0  # disagg: TP of a prefill worker
@@ -90,14 +91,19 @@ class Layout:
     decode_batch: int = 0  # disagg: requests per decode worker
     prefill_rate: float = 0.0  # disagg: requests/s one prefill worker completes
     decode_rate: float = 0.0  # disagg: requests/s one decode worker completes
+    attn_dp: int = 1  # the replica's (agg) or decode worker's attention-DP ranks (1: TP attention)
+    ep: int = 1  # its MoE's expert-parallel ranks (1: experts TP over its GPUs)
+    prefill_attn_dp: int = 1  # disagg: a prefill worker's
+    prefill_ep: int = 1
 
     def describe(self) -> str:
         """One line: the layout and its figures."""
         if self.mode == "agg":
-            shape = f"{self.replicas} x TP{self.tp}, {self.batch} requests each"
+            shape = f"{self.replicas} x {worker_name(self.tp, self.attn_dp, self.ep)}, {self.batch} requests each"
         else:
-            shape = (f"{self.prefill_workers}P x TP{self.prefill_tp} (batch {self.prefill_batch}) + "
-                     f"{self.decode_workers}D x TP{self.decode_tp} ({self.decode_batch} requests each)")
+            shape = (f"{self.prefill_workers}P x {worker_name(self.prefill_tp, self.prefill_attn_dp, self.prefill_ep)}"
+                     f" (batch {self.prefill_batch}) + {self.decode_workers}D x "
+                     f"{worker_name(self.decode_tp, self.attn_dp, self.ep)} ({self.decode_batch} requests each)")
         return (f"{self.mode}: {shape} on {self.gpus} GPUs: {self.tokens_per_s_gpu:.1f} tok/s/GPU, "
                 f"{self.tokens_per_s_user:.1f} tok/s/user, TTFT {self.ttft_ms:.0f} ms, TPOT {self.tpot_ms:.1f} ms")
 
@@ -118,6 +124,12 @@ class ClusterPlan:
         return max(pts, key=lambda p: p.tokens_per_s_gpu, default=None)
 
 
+def worker_name(tp: int, attn_dp: int = 1, ep: int = 1) -> str:
+    """A worker's shape in words: "TP4", or "TP4 (attention DP 4, EP 2)"."""
+    extra = [f"attention DP {attn_dp}"] * (attn_dp > 1) + [f"EP {ep}"] * (ep > 1)
+    return f"TP{tp}" + (f" ({', '.join(extra)})" if extra else "")
+
+
 def pareto(points: list[Layout]) -> list[Layout]:
     """The points no other beats on both tokens/s per GPU and per user, best per GPU first."""
     front: list[Layout] = []
@@ -131,6 +143,16 @@ def tps(gpus: int, per_node: int = 8) -> list[int]:
     """TP sizes a worker may take: powers of two within the cluster that divide a node (a worker never spans
     nodes, and workers of these sizes pack the nodes without a gap)."""
     return [t for t in (1, 2, 4, 8, 16) if t <= min(gpus, per_node) and per_node % t == 0]
+
+
+def moe_shapes(tp: int, experts: int) -> list[tuple[int, int]]:
+    """(attention DP, EP) a MoE worker of `tp` GPUs may run, as the bundles launch them (tuner/objective.py
+    moe_layout): attention TP over all its GPUs or one attention replica per GPU, and any power-of-two EP dividing
+    both its GPUs and the experts. A dense model's worker: TP only."""
+    if not experts or tp <= 1:
+        return [(1, 1)]
+    eps = [e for e in (1, 2, 4, 8, 16) if e <= tp and tp % e == 0 and experts % e == 0]
+    return [(dp, ep) for dp in (1, tp) for ep in eps]
 
 
 def replicas_of(gpus: int, tp: int, per_node: int) -> int:
@@ -148,31 +170,53 @@ class _Costs:
 
         self.ev = SimulateEvaluator(profile, cost=resolved_cost(cost, profile, engine), engine=engine)
         self.dtype, self.kv_dtype = dtype, kv_dtype
-        self._perf: dict[int, Any] = {}
+        self._perf: dict[tuple[int, int, int], Any] = {}
         self._memo: dict[tuple, float] = {}
         self.source = ""
+        self.experts = int(profile.model.num_experts or 0)
 
-    def perf(self, tp: int) -> Any:
-        if tp not in self._perf:
-            self._perf[tp] = self.ev.perf({"weights.dtype": self.dtype, "kv.dtype": self.kv_dtype, "parallel.tp": tp})
-            self.source = self.source or self._perf[tp].cost_source
-        return self._perf[tp]
+    def perf(self, tp: int, dp: int = 1, ep: int = 1) -> Any:
+        """The priced server of `tp` GPUs, `dp` attention-DP ranks (1 or tp) and `ep` EP ranks."""
+        key = (tp, dp, ep)
+        if key not in self._perf:
+            self._perf[key] = self.ev.perf({"weights.dtype": self.dtype, "kv.dtype": self.kv_dtype, "parallel.tp": tp,
+                                            "parallel.dp_attention": dp > 1, "parallel.ep": ep})
+            self.source = self.source or self._perf[key].cost_source
+        return self._perf[key]
 
-    def decode(self, tp: int, batch: int, context: float) -> float:
-        key = ("d", tp, batch, round(context))
+    def shapes(self, tp: int) -> list[tuple[int, int]]:
+        """The (attention DP, EP) layouts of a `tp`-GPU worker this plan searches, each priced by the plan's cost
+        source: with AIC's tables, every layout they price (a MoE model's attention DP and EP among them; a layout
+        AIC refuses, such as block-quantised FP8 experts split below the block at MoE TP 4, is not planned rather
+        than priced by the roofline beside AIC-priced ones); with the roofline, TP only (it prices every layout as
+        TP, so it cannot rank them)."""
+        if self.ev.cost != "aic":
+            return [(1, 1)]
+        out = []
+        for dp, ep in moe_shapes(tp, self.experts):
+            got = self.perf(tp, dp, ep)
+            if got.cost_source.startswith("aic") and (got.attn_dp, got.ep) == (dp, ep):
+                out.append((dp, ep))
+        return out
+
+    def decode(self, w: tuple[int, int, int], batch: int, context: float) -> float:
+        """One decode step of worker `w` (GPUs, attention DP, EP) running `batch` requests in all."""
+        key = ("d", w, batch, round(context))
         if key not in self._memo:
-            self._memo[key] = self.perf(tp).step(batch, context, batch).seconds
+            self._memo[key] = self.perf(*w).step(batch, context, batch).seconds
         return self._memo[key]
 
-    def prefill(self, tp: int, prompts: int, isl: int) -> float:
-        key = ("p", tp, prompts, isl)
+    def prefill(self, w: tuple[int, int, int], prompts: int, isl: int) -> float:
+        """One prefill forward of worker `w` over `prompts` prompts per attention-DP rank (every rank at once)."""
+        key = ("p", w, prompts, isl)
         if key not in self._memo:
-            self._memo[key] = self.perf(tp).prefill(prompts * isl, isl, prompts).seconds
+            n = prompts * w[1]
+            self._memo[key] = self.perf(*w).prefill(n * isl, isl, n).seconds
         return self._memo[key]
 
-    def fits(self, tp: int, requests: int, tokens: int) -> bool:
-        """Whether `requests` requests of `tokens` tokens each fit the KV cache beside the weights at TP tp."""
-        return self.perf(tp).kv_capacity_tokens(MEMORY_FRACTION) >= requests * tokens
+    def fits(self, w: tuple[int, int, int], requests: int, tokens: int) -> bool:
+        """Whether `requests` requests of `tokens` tokens each fit worker `w`'s KV cache beside its weights."""
+        return self.perf(*w).kv_capacity_tokens(MEMORY_FRACTION) >= requests * tokens
 
 
 def _agg(c: _Costs, gpus: int, isl: int, osl: int, slo: Slo, per_node: int) -> list[Layout]:
@@ -180,16 +224,19 @@ def _agg(c: _Costs, gpus: int, isl: int, osl: int, slo: Slo, per_node: int) -> l
     ctx = isl + osl / 2
     for t in tps(gpus, per_node):
         replicas = replicas_of(gpus, t, per_node)
-        pre = c.prefill(t, 1, isl)
-        for b in BATCHES:
-            if not c.fits(t, b, isl + osl):
-                break
-            tpot = c.decode(t, b, ctx) + b / osl * pre
-            ttft = pre + tpot
-            if tpot * 1e3 > slo.tpot_ms or ttft * 1e3 > slo.ttft_ms:
-                continue
-            out.append(Layout("agg", replicas * t, replicas * b / tpot / gpus, 1 / tpot, ttft * 1e3, tpot * 1e3, tp=t,
-                              replicas=replicas, batch=b))
+        for dp, ep in c.shapes(t):
+            w = (t, dp, ep)
+            pre = c.prefill(w, 1, isl)  # one prompt on every attention-DP rank
+            for b in BATCHES:  # requests per attention-DP rank
+                n = b * dp
+                if not c.fits(w, n, isl + osl):
+                    break
+                tpot = c.decode(w, n, ctx) + b / osl * pre
+                ttft = pre + tpot
+                if tpot * 1e3 > slo.tpot_ms or ttft * 1e3 > slo.ttft_ms:
+                    continue
+                out.append(Layout("agg", replicas * t, replicas * n / tpot / gpus, 1 / tpot, ttft * 1e3, tpot * 1e3,
+                                  tp=t, replicas=replicas, batch=n, attn_dp=dp, ep=ep))
     return out
 
 
@@ -198,32 +245,34 @@ def _disagg(c: _Costs, gpus: int, isl: int, osl: int, slo: Slo, per_node: int, l
     ctx = isl + osl / 2
     moved = how.kv_transfer and link_bytes_s > 0
     kv_s = isl * c.perf(1).kv_bytes_per_token() / link_bytes_s if moved else 0.0
-    prefills = []  # (tp, batch, requests/s per worker, ttft s)
-    for t in tps(gpus, per_node):
-        for b in how.prefill_batches:
-            if not c.fits(t, b, isl):
+    workers = [(t, dp, ep) for t in tps(gpus, per_node) for dp, ep in c.shapes(t)]
+    prefills = []  # (worker, prompts per forward, requests/s per worker, ttft s)
+    for w in workers:
+        for b in how.prefill_batches:  # prompts per attention-DP rank
+            if not c.fits(w, b * w[1], isl):
                 break
-            took = c.prefill(t, b, isl) * how.prefill_scale
+            took = c.prefill(w, b, isl) * how.prefill_scale
             ttft = took * how.ttft_scale + kv_s
             if ttft * 1e3 <= slo.ttft_ms:
-                prefills.append((t, b, b / took, ttft))
-    decodes = []  # (tp, batch, requests/s per worker, tpot s)
-    for t in tps(gpus, per_node):
-        for b in BATCHES:
-            if not c.fits(t, b, isl + osl):
+                prefills.append((w, b * w[1], b * w[1] / took, ttft))
+    decodes = []  # (worker, requests, requests/s per worker, tpot s)
+    for w in workers:
+        for b in BATCHES:  # requests per attention-DP rank
+            if not c.fits(w, b * w[1], isl + osl):
                 break
-            tpot = c.decode(t, b, ctx) * how.decode_scale
+            tpot = c.decode(w, b * w[1], ctx) * how.decode_scale
             if tpot * 1e3 <= slo.tpot_ms:
-                decodes.append((t, b, b / tpot / osl, tpot))
+                decodes.append((w, b * w[1], b * w[1] / tpot / osl, tpot))
     out = []
-    for pt, pb, prate, ttft in prefills:
-        for dt, db, drate, tpot in decodes:
-            if how.same_tp and pt != dt:
+    for pw, pb, prate, ttft in prefills:
+        for dw, db, drate, tpot in decodes:
+            if (how.same_worker and pw != dw) or (how.same_tp and pw[0] // pw[1] != dw[0] // dw[1]):
                 continue
-            best = _split(gpus, osl, Layout("disagg", 0, 0.0, 1 / tpot, ttft * 1e3, tpot * 1e3, prefill_tp=pt,
-                                             prefill_batch=pb, decode_tp=dt, decode_batch=db,
+            best = _split(gpus, osl, Layout("disagg", 0, 0.0, 1 / tpot, ttft * 1e3, tpot * 1e3, prefill_tp=pw[0],
+                                             prefill_batch=pb, decode_tp=dw[0], decode_batch=db,
                                              prefill_rate=prate * how.prefill_share,
-                                             decode_rate=drate * how.decode_share), how.replica_sizes)
+                                             decode_rate=drate * how.decode_share, attn_dp=dw[1], ep=dw[2],
+                                             prefill_attn_dp=pw[1], prefill_ep=pw[2]), how.replica_sizes)
             if best is not None:
                 out.append(best)
     return out

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.cluster import ClusterPlan, Layout, Slo, assumptions_for, plan, with_worker
+from tuner.cluster import ClusterPlan, Layout, Slo, assumptions_for, plan, with_worker, worker_name
 from tuner.errors import TunerError
 
 GPUS_PER_NODE = 8  # a node when --nodes is not given (HGX / DGX boards)
@@ -46,6 +46,11 @@ class ClusterChoice:
         return self.chosen.tp if self.chosen.mode == "agg" else self.chosen.decode_tp
 
     @property
+    def worker_name(self) -> str:
+        """The tuned server's shape in words ("TP4", "TP4 (attention DP 4, EP 2)")."""
+        return worker_name(self.worker_tp, self.chosen.attn_dp, self.chosen.ep)
+
+    @property
     def worker_batch(self) -> int:
         return self.chosen.batch if self.chosen.mode == "agg" else self.chosen.decode_batch
 
@@ -67,16 +72,20 @@ class ClusterChoice:
         return cls(got, Layout(**d["chosen"]), d["gpus"], d["nodes"], d["per_node"], d["isl"], d["osl"], d["serving"])
 
     def pin(self, plan: Any) -> Any:
-        """The rules' plan for the tuned server with its TP fixed to the planned one: the layout is the cluster
-        plan's choice, and a server of another TP (or of data-parallel replicas) would not be the planned worker."""
+        """The rules' plan for the tuned server with its layout fixed to the planned one (TP; a MoE model's attention
+        DP and EP): the layout is the cluster plan's choice, and a server of another shape (or of data-parallel
+        replicas) would not be the planned worker."""
         from kb.match import FixedEntry
 
-        fixed = {**plan.fixed, "parallel.tp": FixedEntry(value=self.worker_tp, rules=["tune --serving"],
-                                                         why=f"the planned {self.chosen.mode} layout's "
-                                                             f"{'replica' if self.chosen.mode == 'agg' else 'decode'} "
-                                                             f"TP")}
-        space = {k: v for k, v in plan.space.items() if k != "parallel.tp"}
-        prefer = {k: v for k, v in plan.prefer.items() if k != "parallel.tp"}
+        role = "replica" if self.chosen.mode == "agg" else "decode worker"
+        why = f"the planned {self.chosen.mode} layout's {role}: {self.worker_name}"
+        pinned = {"parallel.tp": self.worker_tp}
+        layout = ("parallel.dp_attention", "parallel.ep")  # a MoE model's, where the rules or the plan set them
+        if self.chosen.attn_dp > 1 or self.chosen.ep > 1 or any(k in plan.space or k in plan.fixed for k in layout):
+            pinned |= {"parallel.dp_attention": self.chosen.attn_dp > 1, "parallel.ep": self.chosen.ep}
+        fixed = {**plan.fixed, **{k: FixedEntry(value=v, rules=["tune --serving"], why=why) for k, v in pinned.items()}}
+        space = {k: v for k, v in plan.space.items() if k not in pinned}
+        prefer = {k: v for k, v in plan.prefer.items() if k not in pinned}
         return plan.model_copy(update={"fixed": fixed, "space": space, "prefer": prefer})
 
     def worker_traffic(self) -> Any:  # -> profiler.workload.Traffic
@@ -154,7 +163,7 @@ def _fits_one_node(profile: Any, gpus: int, per_node: int, tokens: int, engine: 
 
     top = max(tps(gpus, per_node))
     dtypes = ["bf16", "fp8"] if profile.hw.fp8 else ["bf16"]
-    if any(_Costs(profile, d, d, engine, cost).fits(top, 1, tokens) for d in dtypes):
+    if any(_Costs(profile, d, d, engine, cost).fits((top, 1, 1), 1, tokens) for d in dtypes):
         return
     mem = profile.hw.memory_gb
     raise TunerError(f"{profile.model.name}'s weights and one request's KV do not fit {top} x {profile.hw.name}"
@@ -192,7 +201,8 @@ def simulated_p99(profile: Any, lay: Layout, cost: str, dtype: str = "bf16") -> 
     fp8 = dtype == "fp8"
     params = space.params_of({**first, **space.warm_start, "spec.enabled": False,
                               "weights.dtype": dtype if fp8 else "auto", "kv.dtype": "fp8_e4m3" if fp8 else "auto",
-                              "parallel.tp": tp, "batch.max_requests": batch, "batch.chunked_prefill": 0,
+                              "parallel.tp": tp, "parallel.dp_attention": lay.attn_dp > 1, "parallel.ep": lay.ep,
+                              "batch.max_requests": batch, "batch.chunked_prefill": 0,
                               "batch.max_tokens": 16384})
     ev = SimulateEvaluator(worker, cost=resolved_cost(cost, worker, "sglang"), decode_only=lay.mode == "disagg")
     got = ev.evaluate(params, seed=0)
@@ -233,7 +243,7 @@ def plan_deployment(database: Any, model: str | None, gpu: str | None, workload:
             if front:
                 err_console.print(f"  best {front[0].describe()}", highlight=False, soft_wrap=True)
         err_console.print(f"chosen: {choice.chosen.mode}; tuning speculation on its "
-                          f"{'replica' if choice.chosen.mode == 'agg' else 'decode worker'} (TP {choice.worker_tp}, "
+                          f"{'replica' if choice.chosen.mode == 'agg' else 'decode worker'} ({choice.worker_name}, "
                           f"{choice.worker_batch} requests in flight)", highlight=False)
     worker = resolve_profile(database, _model_ref(profile), _gpu_ref(profile), None, choice.worker_traffic(),
                              drafter, choice.worker_tp)
@@ -306,8 +316,11 @@ def write_cluster(folder: Path, choice: ClusterChoice, evaluator: Any, params: d
     from tuner.targets import replicas
 
     speedup = speedup_at_worker(evaluator, params, seed)
-    tuned = with_worker(choice.chosen, metrics["throughput"] * choice.worker_tp, metrics["tpot_mean_ms"],
-                        choice.gpus, choice.osl)
+    if metrics.get("throughput") and metrics.get("tpot_mean_ms"):
+        tuned = with_worker(choice.chosen, metrics["throughput"] * choice.worker_tp, metrics["tpot_mean_ms"],
+                            choice.gpus, choice.osl)
+    else:  # the exported trial could not be simulated (report.md says why): the deployment as planned
+        tuned = choice.chosen
     where = placement(tuned, choice.nodes, choice.per_node)
     data = {"gpus": choice.gpus, "nodes": choice.nodes, "gpus_per_node": choice.per_node, "serving": choice.serving,
             "isl": choice.isl, "osl": choice.osl, "cost_source": choice.plan.cost_source, "dtype": choice.plan.dtype,
@@ -342,8 +355,8 @@ def _report(path: Path, choice: ClusterChoice, tuned: Layout, speedup: float, sp
              f"{choice.plan.cost_source or 'the roofline'}, {choice.plan.dtype} weights and KV cache (the better of "
              "bf16 and FP8 where the GPU runs FP8), speculation off, as AIConfigurator plans; a layout whose decoding "
              "server's simulated p99 TPOT misses the SLO is planned again with less load. The "
-             f"server tuned above is the {'replica' if tuned.mode == 'agg' else 'decode worker'} (TP "
-             f"{choice.worker_tp}, {choice.worker_batch} requests in flight"
+             f"server tuned above is the {'replica' if tuned.mode == 'agg' else 'decode worker'} ("
+             f"{choice.worker_name}, {choice.worker_batch} requests in flight"
              f"{'; its prompts arrive prefilled' if tuned.mode == 'disagg' else ''}); "
              + (f"its tuned speculation decodes **{speedup:.2f}x** the tokens of the same server without it"
                 if spec_on else "the study turned speculation **off** there: at that load plain decoding beat every "
@@ -363,8 +376,8 @@ def _report(path: Path, choice: ClusterChoice, tuned: Layout, speedup: float, sp
 
 
 def _row(label: str, p: Layout) -> str:
-    shape = (f"{p.replicas} x TP{p.tp}, {p.batch} requests each" if p.mode == "agg" else
-             f"{p.prefill_workers}P x TP{p.prefill_tp} + {p.decode_workers}D x TP{p.decode_tp}, "
-             f"{p.decode_batch} requests each")
+    shape = (f"{p.replicas} x {worker_name(p.tp, p.attn_dp, p.ep)}, {p.batch} requests each" if p.mode == "agg" else
+             f"{p.prefill_workers}P x {worker_name(p.prefill_tp, p.prefill_attn_dp, p.prefill_ep)} + "
+             f"{p.decode_workers}D x {worker_name(p.decode_tp, p.attn_dp, p.ep)}, {p.decode_batch} requests each")
     return (f"| {label}: {p.mode}, {shape} | {p.gpus} | {p.tokens_per_s_gpu:,.1f} | {p.tokens_per_s_user:,.1f} | "
             f"{p.ttft_ms:,.0f} | {p.tpot_ms:.2f} |")

@@ -7,6 +7,7 @@ evaluator has to provide; the study only talks to this interface.
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,17 @@ class Evaluator(abc.ABC):
     @abc.abstractmethod
     def sps_table(self, params: dict[str, Any]):  # -> dspark_core.verification.sps.SpsTable
         """The steps-per-second table to export with `params` (modelled or measured)."""
+
+
+def moe_layout(params: dict[str, Any], tp: int, moe: bool) -> tuple[int, int]:
+    """(attention-DP ranks, EP ranks) of a server of `tp` GPUs as the bundles launch it (tuner/targets.py):
+    `parallel.dp_attention` gives every GPU its own attention replica (SGLang --attn-dp-size tp), `parallel.ep` the
+    MoE's expert-parallel ranks (MoE TP = tp / EP; an EP that does not divide tp is priced at the largest that
+    does). A dense model, or one GPU, runs plain TP."""
+    if not moe or tp <= 1:
+        return 1, 1
+    dp = tp if params.get("parallel.dp_attention") else 1
+    return dp, math.gcd(tp, max(1, int(params.get("parallel.ep") or 1)))
 
 
 def _dtype(value: str, profile: Profile) -> str:
@@ -106,9 +118,11 @@ class SimulateEvaluator(Evaluator):
         """The performance model of `params`, and why AIC could not price it ("" when it did or was not asked)."""
         from tuner.perf import PerfModel
 
+        tp = int(params.get("parallel.tp", 1))
+        dp, ep = moe_layout(params, tp, bool(self.shape.num_experts))
         base = PerfModel(self.shape, self.hw, self.eff, weights_dtype=_dtype(params.get("weights.dtype"), self.profile),
-                         kv_dtype=_dtype(params.get("kv.dtype"), self.profile), tp=int(params.get("parallel.tp", 1)),
-                         cuda_graph_max_bs=int(params.get("batch.cuda_graph_max_bs") or 0))
+                         kv_dtype=_dtype(params.get("kv.dtype"), self.profile), tp=tp,
+                         cuda_graph_max_bs=int(params.get("batch.cuda_graph_max_bs") or 0), attn_dp=dp, ep=ep)
         if self.cost != "aic":
             return base, ""
         from tuner.aic import aic_perf

@@ -237,15 +237,19 @@ class StepCost:
 
 @dataclass
 class PerfModel:
-    """Step times of the target and the drafter for one (model, hardware, dtype, TP) choice."""
+    """Step times of the target and the drafter for one (model, hardware, dtype, TP) choice. The roofline forms here
+    price a server as TP over its `tp` GPUs whatever its `attn_dp` / `ep` (memory, `kv_capacity_tokens`, follows
+    them); AIConfigurator's tables price those layouts (tuner/aic.py)."""
 
     shape: ModelShape
     hw: Hardware
     eff: Efficiency = field(default_factory=Efficiency.default)
     weights_dtype: str = "bf16"
     kv_dtype: str = "bf16"
-    tp: int = 1
+    tp: int = 1  # GPUs of the server (SGLang's --tp-size): attention TP x attention DP, MoE TP x EP
     cuda_graph_max_bs: int = 0  # forwards with at most this many tokens skip the per-layer launch cost
+    attn_dp: int = 1  # attention data-parallel ranks (SGLang --enable-dp-attention); attention TP = tp / attn_dp
+    ep: int = 1  # expert-parallel ranks of the MoE layers (--ep-size); MoE TP = tp / ep
 
     @property
     def cost_source(self) -> str:
@@ -358,7 +362,13 @@ class PerfModel:
 
     def kv_capacity_tokens(self, memory_fraction: float) -> float:
         """Tokens of KV that fit after the weights, per GPU group of `tp` devices. A token's KV is split over at
-        most as many ranks as there are KV heads (MLA's latent: one); beyond that each rank holds a copy."""
-        free = self.hw.memory_bytes * self.tp * memory_fraction - self.weight_bytes()
-        shards = min(self.tp, self.shape.kv_shards) if self.shape.kv_shards else self.tp
-        return max(0.0, free / (self.kv_bytes_per_token() * self.tp / shards))
+        most as many ranks of its attention TP group as there are KV heads (MLA's latent: one); beyond that each
+        rank holds a copy. With data-parallel attention each of the `attn_dp` groups holds its own requests' KV
+        and a whole copy of the non-expert weights (split over its attention TP); the experts stay split over all
+        `tp` GPUs."""
+        s, attn_tp = self.shape, max(1, self.tp // max(1, self.attn_dp))
+        experts = s.num_moe_layers * s.num_experts * s.expert_params / max(1.0, s.params_total)
+        per_gpu = self.weight_bytes() * (min(1.0, experts) / self.tp + (1.0 - min(1.0, experts)) / attn_tp)
+        free = (self.hw.memory_bytes * memory_fraction - per_gpu) * self.tp
+        shards = min(attn_tp, s.kv_shards) if s.kv_shards else attn_tp
+        return max(0.0, free / (self.kv_bytes_per_token() * attn_tp / shards))

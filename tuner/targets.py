@@ -238,9 +238,12 @@ def vllm_context(profile: Profile, p: dict[str, Any], bundled: bool = False, max
     ctx["dp_attention"] = False
     if bool(p.get("parallel.dp_attention")) and tp > 1 and profile.model.num_experts:
         # SGLang's DP attention (one attention replica per TP rank, experts across them) is vLLM's data-parallel
-        # attention with expert parallelism: tp 1, dp = the ranks, --enable-expert-parallel (vLLM docs,
-        # "Data Parallel Deployment")
-        ctx.update(tp=1, dp=tp * ctx["dp"], ep=tp * ctx["dp"], dp_attention=True)
+        # attention: tp 1, dp = the ranks; the MoE layers run over all of them, tensor-parallel, or with
+        # --enable-expert-parallel expert-parallel over all of them (vLLM docs, "Data Parallel Deployment"): vLLM
+        # has no EP group smaller than the ranks, so an SGLang EP of 2..ranks-1 is vLLM's EP over all ranks
+        ranks = tp * ctx["dp"]
+        ctx.update(tp=1, dp=ranks, ep=ranks if int(p.get("parallel.ep") or 1) > 1 else 1, dp_attention=True,
+                   sglang_ep=int(p.get("parallel.ep") or 1))
     spec = vllm_spec(profile, p, draft, schedule, ctx["dp"]) if p.get("spec.enabled", True) else {}  # {}: plain
     cpu = profile.hw.arch == "cpu"
     return {**ctx, "quantization": VLLM_QUANT.get(p["weights.dtype"]), "method": method, "needs_draft": needs_draft,

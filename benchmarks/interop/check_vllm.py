@@ -72,10 +72,19 @@ def _load_draft(cfg, draft: Path, out: dict) -> None:
                             "layers": hf.num_hidden_layers}
 
 
-def _create(ea, out: dict):  # noqa: ANN001 - vLLM's AsyncEngineArgs; -> VllmConfig
-    """create_engine_config(); when the CPU build's missing custom ops (`torch.ops._C.<op>`, e.g. rotary_embedding,
-    which a TP all-reduce fusion pass looks up on the CPU platform) are its only objection, validated again
-    without --compilation-config, and the result says so."""
+def _create(argv: list[str], out: dict, spec: dict | None = None):  # -> VllmConfig
+    """create_engine_config() of `argv` (with `spec` as the speculative config when given); when the CPU build's
+    missing custom ops (`torch.ops._C.<op>`, e.g. rotary_embedding, which a TP all-reduce fusion pass looks up on
+    the CPU platform) are its only objection, validated again without --compilation-config, and the result says
+    so. Each attempt parses the command line anew: create_engine_config() writes into the arguments it reads (a
+    data-parallel start rank becomes a rank), so a second call on the same object sees another command line."""
+    def fresh():  # noqa: ANN202 - vLLM's AsyncEngineArgs
+        ea, _ = _engine_args(argv)
+        if spec is not None:
+            ea.speculative_config = spec
+        return ea
+
+    ea = fresh()
     try:
         return ea.create_engine_config()
     except AttributeError as e:
@@ -83,6 +92,7 @@ def _create(ea, out: dict):  # noqa: ANN001 - vLLM's AsyncEngineArgs; -> VllmCon
             raise
         out["platform_note"] = (f"the CPU build lacks a custom op a compilation pass needs ({e}); the rest of the "
                                 "config was validated without --compilation-config")
+        ea = fresh()
         ea.compilation_config = type(ea.compilation_config)() if not isinstance(ea.compilation_config, dict) else {}
         return ea.create_engine_config()
 
@@ -102,7 +112,7 @@ def main(argv: list[str]) -> int:
     spec = dict(ea.speculative_config or {})
     out["speculative_config"] = spec
     try:
-        cfg = _create(ea, out)
+        cfg = _create(argv, out)
     except Exception as e:  # noqa: BLE001 - report whatever vLLM raises
         if CUDA_GRAPHS not in str(e):
             out["error"] = f"create_engine_config: {type(e).__name__}: {e}"
@@ -110,9 +120,8 @@ def main(argv: list[str]) -> int:
             return 4
         out["platform_note"] = ("enable_adaptive_verification needs full CUDA graphs, which the CPU platform does not "
                                 "have; the rest of the config was validated with it off")
-        ea.speculative_config = {**spec, "enable_adaptive_verification": False}
         try:
-            cfg = _create(ea, out)
+            cfg = _create(argv, out, {**spec, "enable_adaptive_verification": False})
         except Exception as e2:  # noqa: BLE001
             out["error"] = f"create_engine_config: {type(e2).__name__}: {e2}"
             print(json.dumps(out, default=str))

@@ -37,9 +37,17 @@ def test_the_attention_backend_fits_the_models_attention(tmp_path, model, backen
 
 
 def test_dp_attention_is_vllms_data_parallel_attention_with_expert_parallelism(tmp_path):
-    argv = argv_of(tmp_path, "deepseek-v3", "h200", **{"parallel.tp": 8, "parallel.dp_attention": True})
+    argv = argv_of(tmp_path, "deepseek-v3", "h200", **{"parallel.tp": 8, "parallel.dp_attention": True,
+                                                      "parallel.ep": 8})
     assert value(argv, "--tensor-parallel-size") == "1" and value(argv, "--data-parallel-size") == "8"
     assert "--enable-expert-parallel" in argv
+    # tuned without EP: vLLM's MoE stays tensor-parallel over the ranks, as SGLang's would
+    moe_tp = argv_of(tmp_path, "deepseek-v3", "h200", **{"parallel.tp": 8, "parallel.dp_attention": True,
+                                                        "parallel.ep": 1})
+    assert value(moe_tp, "--data-parallel-size") == "8" and "--enable-expert-parallel" not in moe_tp
+    # an EP group smaller than the ranks, which vLLM has not: its EP over all of them, and the script says so
+    argv_of(tmp_path, "deepseek-v3", "h200", **{"parallel.tp": 8, "parallel.dp_attention": True, "parallel.ep": 2})
+    assert "tuned as EP 2" in (tmp_path / "vllm.sh").read_text()
     plain = argv_of(tmp_path, "deepseek-v3", "h200", **{"parallel.tp": 8, "parallel.dp_attention": False})
     assert value(plain, "--tensor-parallel-size") == "8" and "--data-parallel-size" not in plain
 
