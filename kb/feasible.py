@@ -233,9 +233,9 @@ def _expert_parallel(plan: Plan, profile: Profile, tps: list[int], dp: int) -> N
             return
         _set(plan, "parallel.tp", bigger, f"TP sizes that hold EP {need}: {bigger}")
         tps, ok = bigger, [need]
-    ep = max(ok)
-    _set(plan, "parallel.ep", [ep], f"EP {ep}: the largest admitted size dividing the experts and TP {min(tps)} "
-         f"(EP <= TP x DP = {min(tps) * max(1, dp)})")
+    ok = sorted(ok, reverse=True)  # the largest first: a study that cannot price EP runs that one (tuner/study.py)
+    _set(plan, "parallel.ep", ok, f"EP {', '.join(map(str, ok))}: the admitted sizes dividing the experts and TP "
+         f"{min(tps)} (EP <= TP x DP = {min(tps) * max(1, dp)})")
 
 
 def _nothing_fits(profile: Profile, dtypes: list[str], tps: list[int], frac: float, fits: dict) -> str:

@@ -26,11 +26,13 @@ from tuner.trial_run import fail_dead, run_trial
 
 SCREEN = (  # screened knobs, in order: speculation on or off where an engine searches it (a live peer engine), then
     # capacity (running requests and TP decide whether the SLOs can be met at all, so the block length is then tuned
-    # at a load that meets them), then block length, which moves throughput most, and the learned per-round block
-    # within it (searched only where a policy exists), the speculative method (a peer's, or the bundled engine's with
-    # plain among them) and how far suffix decoding drafts, then dtypes and the drafter
-    "spec.enabled", "batch.max_requests", "parallel.tp", "spec.block_size", "spec.gamma_policy", "spec.method",
-    "drafter.suffix_spec_factor", "weights.dtype", "spec.scheduler", "kv.dtype", "spec.head", "spec.draft_layers",
+    # at a load that meets them; a MoE server's attention DP and EP with its TP), then block length, which moves
+    # throughput most, and the learned per-round block within it (searched only where a policy exists), the
+    # speculative method (a peer's, or the bundled engine's with plain among them) and how far suffix decoding
+    # drafts, then dtypes and the drafter
+    "spec.enabled", "batch.max_requests", "parallel.tp", "parallel.dp_attention", "parallel.ep", "spec.block_size",
+    "spec.gamma_policy", "spec.method", "drafter.suffix_spec_factor", "weights.dtype", "spec.scheduler", "kv.dtype",
+    "spec.head", "spec.draft_layers",
 )
 
 

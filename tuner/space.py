@@ -192,3 +192,16 @@ def with_plain(space: SearchSpace) -> SearchSpace:
         return space
     dists = {**space.distributions, "spec.method": CategoricalDistribution([*choices, "plain"])}
     return SearchSpace(dists, fixed, space.defaults, space.warm_start, space.running_cap)
+
+
+def fixed_at_start(space: SearchSpace, names: tuple[str, ...]) -> SearchSpace:
+    """`space` with `names` no longer searched: each fixed at its starting point (the plan's preferred value, else
+    its first choice). For parameters the study's cost model cannot tell apart (EP under the roofline), whose
+    searched value would be whichever trial happened to win on the others."""
+    dists, fixed = dict(space.distributions), dict(space.fixed)
+    for name in names:
+        d = dists.pop(name, None)
+        if d is not None:
+            fixed[name] = space.warm_start.get(name, getattr(d, "choices", (getattr(d, "low", None),))[0])
+    warm = {k: v for k, v in space.warm_start.items() if k in dists}
+    return SearchSpace(dists, fixed, space.defaults, warm, space.running_cap)

@@ -103,8 +103,10 @@ class StudySpec(BaseModel):
 
         if self.mode == "live":  # what the measured engine runs, and the bundle's engines too
             return restrict(engine_space(space, self), self.deploy)
-        from tuner.space import with_plain
+        from tuner.space import fixed_at_start, with_plain
 
+        if self.cost != "aic":  # the roofline prices a MoE server as TP whatever its EP (tuner/perf.py)
+            space = fixed_at_start(space, ("parallel.ep",))
         chosen = self.profile_model().drafter.chosen  # an explicit --drafter is the method the user asked for
         return restrict(space, self.deploy) if chosen not in (None, "auto") else with_plain(restrict(space,
                                                                                                    self.deploy))

@@ -52,7 +52,7 @@ def test_the_memory_minimum_is_kept():
 def test_expert_parallel_divides_tp_and_the_experts():
     plan = _plan("deepseek-v3", "b200", 8)
     tp, ep = _values(plan, "parallel.tp"), _values(plan, "parallel.ep")
-    assert len(ep) == 1 and all(t % ep[0] == 0 for t in tp) and 256 % ep[0] == 0
+    assert ep == sorted(ep, reverse=True) and all(t % e == 0 and 256 % e == 0 for t in tp for e in ep)
 
 
 def test_no_layout_is_one_line_naming_the_limit():
@@ -107,3 +107,17 @@ def test_lint_flags_a_parameter_nothing_reads(tmp_path, monkeypatch):
     monkeypatch.setattr(kb.lint, "param_spec", lambda name: ParamSpec(name, "int", (1, 256), "", ()))
     kinds = [f.kind for f in _lint_one(tmp_path, "{param: memory.page_size, set: 16}")]
     assert kinds == ["inert"]
+
+
+def test_expert_parallel_is_searched_from_the_rules_preferred_size():
+    """EP is a choice (the simulator prices it through AIC's tables), starting from the rules' EP 8 on a full node;
+    a study priced by the roofline, which cannot tell EP sizes apart, runs that one (tuner/study.py)."""
+    from tuner.space import fixed_at_start, space_from_plan
+
+    plan = _plan("deepseek-v3", "b200", 8)
+    assert _values(plan, "parallel.ep") == [8, 4, 2, 1] and plan.prefer["parallel.ep"].value == 8
+    space = space_from_plan(plan)
+    assert "parallel.ep" in space.distributions and space.warm_start["parallel.ep"] == 8
+    fixed = fixed_at_start(space, ("parallel.ep",))
+    assert fixed.fixed["parallel.ep"] == 8 and "parallel.ep" not in fixed.distributions
+    assert "parallel.ep" not in fixed.warm_start
