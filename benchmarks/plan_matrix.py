@@ -2,8 +2,8 @@
 
 For each catalogue model, catalogue GPU (the CPU row aside: `tune --gpu cpu` measures instead) and device count
 in {unstated, 1, 2, 8, 16} the profile is built (chat workload) and matched into a plan. Every point of the plan's
-(TP x weight dtype x KV dtype x EP) space is then checked with the evaluator's own view of what runs, written here
-without kb/feasible.py:
+(TP x weight dtype x KV dtype x EP x DP attention) space is then checked with the evaluator's own view of what
+runs, written here without kb/feasible.py:
 - the simulator's memory test (tuner/simulate.py): KV tokens left after the weights at the plan's lowest
   memory.fraction_static (tuner/perf.py PerfModel.kv_capacity_tokens, the profile's weight bytes) must hold
   the longest of the requests the simulator draws for the workload (two seeds);
@@ -75,7 +75,8 @@ def longest_request(profile: Profile) -> int:
     return max(r.prompt + r.output for reqs in draws for r in reqs)
 
 
-def why_not(profile: Profile, tp: int, dtype: str, kv: str, ep: int, frac: float, longest: int) -> str | None:
+def why_not(profile: Profile, tp: int, dtype: str, kv: str, ep: int, frac: float, longest: int,
+            dp_attention: bool = False) -> str | None:
     """Why the point cannot run (None: it runs), by the evaluator's and the engines' own tests."""
     from tuner.perf import Efficiency, Hardware, ModelShape, PerfModel
 
@@ -97,9 +98,10 @@ def why_not(profile: Profile, tp: int, dtype: str, kv: str, ep: int, frac: float
         return "nvfp4 off Blackwell"
     kvd = "bf16" if kv in ("auto", None) else kv
     wd = ("fp32" if hw.arch == "cpu" else "bf16") if dtype == "auto" else dtype
+    dp = tp if dp_attention and m.num_experts and tp > 1 else 1  # one attention replica per GPU
     perf = PerfModel(ModelShape.from_profile(profile), Hardware.from_profile(profile), Efficiency.default(),
-                     weights_dtype=wd, kv_dtype=kvd, tp=tp)
-    cap = perf.kv_capacity_tokens(frac)
+                     weights_dtype=wd, kv_dtype=kvd, tp=tp, attn_dp=dp, ep=ep)
+    cap = perf.kv_capacity_tokens(frac) / dp  # a request's KV lives on its one attention-DP rank
     if cap < longest:
         return f"{cap:,.0f} KV tokens left < the {longest:,}-token longest request"
     return None
@@ -110,13 +112,15 @@ def check(profile: Profile, plan: Plan) -> list[str]:
     frac, longest = lowest_fraction(plan), longest_request(profile)
     bad = []
     eps = plan_values(plan, "parallel.ep", 1)
+    dps = plan_values(plan, "parallel.dp_attention", False)
     for tp in plan_values(plan, "parallel.tp", 1):
         for dtype in plan_values(plan, "weights.dtype", "auto"):
             for kv in plan_values(plan, "kv.dtype", "auto"):
                 for ep in eps:
-                    why = why_not(profile, int(tp), str(dtype), str(kv), int(ep), frac, longest)
-                    if why:
-                        bad.append(f"tp={tp} dtype={dtype} kv={kv} ep={ep}: {why}")
+                    for dp in dps:
+                        why = why_not(profile, int(tp), str(dtype), str(kv), int(ep), frac, longest, bool(dp))
+                        if why:
+                            bad.append(f"tp={tp} dtype={dtype} kv={kv} ep={ep} dp_attention={dp}: {why}")
     return bad
 
 
@@ -189,7 +193,8 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
              "Command: `python benchmarks/plan_matrix.py --write` "
              f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, this 2-core machine, "
              f"{summary['seconds']:.0f} s). {nm} models x {ng} GPUs x device counts "
-             "{unstated, 1, 2, 8, 16}, chat workload. Each plan's every (TP x weight dtype x KV dtype x EP) point is "
+             "{unstated, 1, 2, 8, 16}, chat workload. Each plan's every (TP x weight dtype x KV dtype x EP x DP "
+             "attention) point is "
              "checked by the simulator's memory test (KV left after the weights at the plan's lowest static fraction "
              "must hold the longest request it draws), the objective's refusals and head / expert divisibility; a "
              "plan that raises is checked by brute force over TP 1..64 x every dtype.", "",

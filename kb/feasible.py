@@ -191,11 +191,14 @@ def apply_feasibility(plan: Plan, profile: Profile) -> Plan:
             _set(plan, "parallel.tp", tps, f"TP sizes the devices and heads allow: {tps} (no memory facts to fit)")
         return plan
     ok = [(d, t) for (d, t), f in fits.items() if f.ok]  # type: ignore[union-attr]
-    if not ok and tps != cands:  # the rules' TP sizes run nothing; a size they left out may
-        wider = {(d, t): fit(profile, d, t, frac) for d in dtypes for t in cands}
+    if not ok and tps != cands:  # the rules' TP sizes run nothing; a size they left out may (at the static fraction
+        # it needs within the rules' range)
+        hi = fraction_range(plan)[1]
+        wider = {(d, t): fit(profile, d, t, hi) for d in dtypes for t in cands}
         if any(f.ok for f in wider.values()):  # type: ignore[union-attr]
             plan.resolutions.append(f"parallel.tp: nothing runs at the rules' {tps}; feasibility widens to {cands}")
-            tps, fits = cands, wider
+            frac = _fraction(plan, profile, dtypes, cands)
+            tps, fits = cands, {(d, t): fit(profile, d, t, frac) for d in dtypes for t in cands}
             ok = [(d, t) for (d, t), f in fits.items() if f.ok]  # type: ignore[union-attr]
     if not ok:
         raise PlanConflict(_nothing_fits(profile, dtypes, tps, frac, fits))
@@ -213,7 +216,40 @@ def apply_feasibility(plan: Plan, profile: Profile) -> Plan:
     if dropped_d or "weights.dtype" in plan.space or "weights.dtype" in plan.fixed:
         _set(plan, "weights.dtype", keep_d, f"the dtypes that fit at TP {m}")
     _expert_parallel(plan, profile, keep_t, dp)
+    _dp_attention(plan, profile, keep_d, keep_t, frac)
     return plan
+
+
+def dp_attention_fit(profile: Profile, dtype: str, tp: int, fraction: float) -> Fit | None:
+    """Per-GPU memory with data-parallel attention over `tp` GPUs: the experts split over them, every GPU a whole copy
+    of the other weights, and the longest request's KV whole on its one rank."""
+    m = profile.model
+    base = fit(profile, dtype, tp, fraction)
+    if base is None or not m.num_experts or not m.params_total:
+        return None
+    experts = min(1.0, (m.num_moe_layers or 0) * m.num_experts * (m.expert_params or 0.0) / m.params_total)
+    weights = base.weights_gb * tp * (experts / tp + 1.0 - experts)
+    kv = longest_request(profile) * m.kv_bytes_per_token.bf16 / GB if m.kv_bytes_per_token else base.kv_gb
+    return Fit(weights, kv, base.usable_gb)
+
+
+def _dp_attention(plan: Plan, profile: Profile, dtypes: list[str], tps: list[int], frac: float) -> None:
+    """Data-parallel attention stays a choice only where every planned TP and dtype holds it: each GPU keeps a whole
+    copy of the non-expert weights, which a TP point that fits may not hold."""
+    allowed = _values(plan, "parallel.dp_attention")
+    if not allowed or True not in allowed:
+        return
+    short = [(d, t) for d in dtypes for t in tps if t > 1
+             and (f := dp_attention_fit(profile, d, t, frac)) is not None and not f.ok]
+    if not short:
+        return
+    d, t = short[0]
+    f = dp_attention_fit(profile, d, t, frac)
+    why = (f"data-parallel attention does not fit {d} at TP {t}: {f.weights_gb:.1f} GiB of weights (the experts "  # type: ignore[union-attr]
+           f"split, the rest whole) + {f.kv_gb:.1f} GiB of the longest request's KV per GPU > "  # type: ignore[union-attr]
+           f"{profile.hw.memory_gb:g} GiB x {frac:.2f}")
+    plan.resolutions.append(f"parallel.dp_attention: {why}; TP attention only")
+    _set(plan, "parallel.dp_attention", [False], why)
 
 
 def _expert_parallel(plan: Plan, profile: Profile, tps: list[int], dp: int) -> None:

@@ -121,3 +121,13 @@ def test_expert_parallel_is_searched_from_the_rules_preferred_size():
     fixed = fixed_at_start(space, ("parallel.ep",))
     assert fixed.fixed["parallel.ep"] == 8 and "parallel.ep" not in fixed.distributions
     assert "parallel.ep" not in fixed.warm_start
+
+
+def test_dp_attention_stays_a_choice_only_where_its_weight_copies_fit():
+    """With data-parallel attention every GPU holds a whole copy of the non-expert weights: DeepSeek-V4-Flash's fit
+    8 L40S at TP 8 as TP attention, not as DP attention, so the plan keeps TP attention and says why; DeepSeek-V3 on 8
+    H200s holds both."""
+    plan = _plan("deepseek-v4-flash", "l40s", 8)
+    assert _values(plan, "parallel.dp_attention") == [False]
+    assert any(r.startswith("parallel.dp_attention: data-parallel attention does not fit") for r in plan.resolutions)
+    assert set(_values(_plan("deepseek-v3", "h200", 8), "parallel.dp_attention")) == {True, False}
