@@ -151,7 +151,8 @@ def _copy_of(study: Any, params: dict[str, Any]) -> Any:
 def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budget: int,
            score: Callable[[Any], Any], callbacks: list[Callable[[Any, Any], None]] | None = None,
            done: Callable[[], bool] | None = None, levels: int = 2, poll_s: float = 0.5,
-           starts: list[dict[str, Any]] | None = None, hot: tuple[str, ...] = (), hot_moves: int = 0) -> int:
+           starts: list[dict[str, Any]] | None = None, hot: tuple[str, ...] = (), hot_moves: int = 0,
+           idle: Callable[[], None] | None = None) -> int:
     """Run trial 0 and the coordinate screen, at most `budget` new trials; returns how many it ran.
 
     `score(frozen_trial)` ranks completed trials (any totally ordered value, higher is better, e.g.
@@ -161,7 +162,9 @@ def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budg
     stalls, range knobs take steps half as long, `levels` times (a pattern search). `starts`: more start points
     (a live study's simulated optimum), run right after trial 0; the screen walks from the best of them. `hot`:
     knobs a running server takes without a restart (a live study); right after trial 0 and after each move that
-    improves, at most `hot_moves` of their moves run from the new best, on the server it just started.
+    improves, at most `hot_moves` of their moves run from the new best, on the server it just started. `idle()` runs
+    while the screen waits on a move another process runs (a live study: its kept server stops when a measurement
+    elsewhere on the machine waits to run alone, which the move it waits on may be queued behind).
 
     The screen is a deterministic walk over the scores it sees, so it resumes where it stopped: a move the
     study already holds is read back, not run again (an interrupted study ends where an uninterrupted one
@@ -181,6 +184,8 @@ def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budg
             if t.state.name == "WAITING":
                 run_trial(study, objective, callbacks)  # pops the oldest waiting (tuner/trial_run.py)
             else:  # running in another worker: wait, failing it if that worker died (identity, heartbeat)
+                if idle is not None:
+                    idle()
                 time.sleep(poll_s)
                 fail_dead(study)
 

@@ -317,7 +317,8 @@ def run_worker(db_url: str, name: str, target: int, worker: int = 0, timeout: fl
 
                 ran = screen(study, space, objective, target, lambda t: trial_rank(t, maximizes(spec)), callbacks,
                              done=full, starts=[spec.prior] if spec.prior else None,
-                             hot=hot_knobs(evaluator, space), hot_moves=spec.hot_trials)
+                             hot=hot_knobs(evaluator, space), hot_moves=spec.hot_trials,
+                             idle=getattr(evaluator, "idle", None))
             last: list[Any] = []
             while not full():
                 run_trial(study, objective, [*(callbacks or []), lambda _s, t: last.append(t)])

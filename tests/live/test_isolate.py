@@ -161,3 +161,27 @@ def test_a_confirmation_runs_with_no_other_tuners_server_on_the_machine(state, t
     assert not [s for s in others if s["start"] < confirm["stop"] and confirm["start"] < s["stop"]]
     assert any(s["stop"] <= confirm["start"] for s in others)  # the other study ran before it ...
     assert any(s["start"] >= confirm["stop"] for s in others)  # ... and went on after it
+
+
+def test_an_idle_worker_stops_its_kept_server_when_a_measurement_waits_to_run_alone(monkeypatch):
+    """Worker 0's screen waits on a move another worker runs; that move may be queued behind an exclusive lease (a
+    confirmation), which waits on every running server: the waiting worker's kept server stops (its devices freed),
+    or the three wait on each other (seen: one run in five of the two-tuner check above hung until its timeout)."""
+    import tuner.live.evaluator as lev
+
+    class Held:
+        stopped = released = False
+
+        def stop(self) -> None:
+            self.stopped = True
+
+        def release(self) -> None:
+            self.released = True
+
+    ev = object.__new__(lev.LiveEvaluator)
+    for waiting in (False, True):
+        server, held = Held(), Held()
+        ev.server, ev.serving, ev.lease = server, "key", held
+        monkeypatch.setattr(lev, "exclusive_waiting", lambda w=waiting: w)
+        ev.idle()
+        assert (server.stopped, held.released, ev.server is None, ev.lease is None) == (waiting,) * 4

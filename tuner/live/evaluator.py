@@ -140,6 +140,13 @@ class LiveEvaluator(Evaluator):
         """The trial's load once more on the running server, measuring nothing (an --isolate neighbour)."""
         self._drive(self.requests, self.concurrency, seed)
 
+    def idle(self) -> None:
+        """Between trials, waiting on another worker: stop the kept server (and free its devices) when a measurement
+        elsewhere on this machine waits to run alone. Kept, it would hold the machine's shared lease while the
+        trial this process waits on queues behind that exclusive lease, which waits on it: a deadlock."""
+        if self.lease is not None and exclusive_waiting():
+            self.stop()
+
     def run_launch(self, launch: Launch, folder: Path, seed: int = 0, predicted: dict[str, float] | None = None,
                    need: int = 1) -> Evaluation:
         """Measure the server `launch` starts (or the running one, when its launch files are the same); `need`:
