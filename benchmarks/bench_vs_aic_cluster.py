@@ -134,8 +134,10 @@ def compare() -> dict[str, Any]:
             rows.append({"case": key(case), "skipped": "no AIC result (run --refresh-aic)"})
             continue
         o, o_aic = ours(case), ours(case, AIC_SGLANG)
+        versus = _versus(a, o)
         rows.append({"case": key(case), "aic": {m: a[m]["tokens_per_s_gpu"] for m in ("agg", "disagg")},
-                     **_versus(a, o), "under_aic": _versus(a, o_aic), "seconds": o["seconds"], "cost": o["cost"]})
+                     "aic_layout": _aic_layout(a, versus["aic_choice"]), **versus, "under_aic": _versus(a, o_aic),
+                     "seconds": o["seconds"], "cost": o["cost"]})
     done = [r for r in rows if "ratio" in r]
     return {"rows": rows, "within_10pct": sum(r["within_10pct"] for r in done), "agree": sum(r["agree"] for r in done),
             "under_aic_within_10pct": sum(r["under_aic"]["within_10pct"] for r in done),
@@ -152,7 +154,6 @@ def _aic_layout(a: dict[str, Any], mode: str) -> str:
 
 
 def _markdown(res: dict[str, Any]) -> str:
-    aic = json.loads(AIC_FILE.read_text())["cases"]
     lines = ["## Cluster planning against AIConfigurator's own search, speculation off (issue 39)", "",
              f"`python benchmarks/bench_vs_aic_cluster.py --write`; AIC's results: `{AIC_FILE.relative_to(ROOT)}` "
              f"(aiconfigurator 0.12.0 `Task` + `pick_default`, sglang tables, ISL {ISL} / OSL {OSL}); ours: "
@@ -173,7 +174,7 @@ def _markdown(res: dict[str, Any]) -> str:
         mine = r["our_layouts"][r["our_choice"]].split(" on ")[0]
         lines.append(f"| {s}, {m}, {g}, {t1}/{t2} | {r['aic']['agg']:.0f} | {r['aic']['disagg']:.0f} | "
                      f"{o.get('agg', 0):.0f} | {o.get('disagg', 0):.0f} | {r['ratio']:.2f} | "
-                     f"{r['aic_choice']} / {r['our_choice']} | {_aic_layout(aic[r['case']], r['aic_choice'])} | "
+                     f"{r['aic_choice']} / {r['our_choice']} | {r['aic_layout']} | "
                      f"{mine} | {u['ours'].get('disagg', 0):.0f}, {u['ratio']:.2f}, {u['our_choice']} |")
     n = res["cases"]
     lines += ["", f"Within 10% of AIC's best: {res['within_10pct']}/{n}; same serving mode: {res['agree']}/{n}. Under "

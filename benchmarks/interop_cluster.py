@@ -55,6 +55,8 @@ def long_workload(path: Path) -> Path:
     path.write_text("".join(json.dumps({"prompt": " ".join(rng.choice(words) for _ in range(size)),
                                         "output_len": out}) + "\n" for _ in range(n)))
     return path
+
+
 HOLD_S = 20  # how long a stand-in server stays up in a replica script (the longest parse takes ~10 s)
 
 

@@ -78,6 +78,7 @@ def longest_request(profile: Profile) -> int:
 def why_not(profile: Profile, tp: int, dtype: str, kv: str, ep: int, frac: float, longest: int,
             dp_attention: bool = False) -> str | None:
     """Why the point cannot run (None: it runs), by the evaluator's and the engines' own tests."""
+    from tuner.objective import moe_layout
     from tuner.perf import Efficiency, Hardware, ModelShape, PerfModel
 
     m, hw = profile.model, profile.hw
@@ -98,7 +99,7 @@ def why_not(profile: Profile, tp: int, dtype: str, kv: str, ep: int, frac: float
         return "nvfp4 off Blackwell"
     kvd = "bf16" if kv in ("auto", None) else kv
     wd = ("fp32" if hw.arch == "cpu" else "bf16") if dtype == "auto" else dtype
-    dp = tp if dp_attention and m.num_experts and tp > 1 else 1  # one attention replica per GPU
+    dp, ep = moe_layout({"parallel.dp_attention": dp_attention, "parallel.ep": ep}, tp, bool(m.num_experts))
     perf = PerfModel(ModelShape.from_profile(profile), Hardware.from_profile(profile), Efficiency.default(),
                      weights_dtype=wd, kv_dtype=kvd, tp=tp, attn_dp=dp, ep=ep)
     cap = perf.kv_capacity_tokens(frac) / dp  # a request's KV lives on its one attention-DP rank

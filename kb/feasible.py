@@ -239,14 +239,13 @@ def _dp_attention(plan: Plan, profile: Profile, dtypes: list[str], tps: list[int
     allowed = _values(plan, "parallel.dp_attention")
     if not allowed or True not in allowed:
         return
-    short = [(d, t) for d in dtypes for t in tps if t > 1
-             and (f := dp_attention_fit(profile, d, t, frac)) is not None and not f.ok]
-    if not short:
+    fits = ((d, t, dp_attention_fit(profile, d, t, frac)) for d in dtypes for t in tps if t > 1)
+    short = next(((d, t, f) for d, t, f in fits if f is not None and not f.ok), None)
+    if short is None:
         return
-    d, t = short[0]
-    f = dp_attention_fit(profile, d, t, frac)
-    why = (f"data-parallel attention does not fit {d} at TP {t}: {f.weights_gb:.1f} GiB of weights (the experts "  # type: ignore[union-attr]
-           f"split, the rest whole) + {f.kv_gb:.1f} GiB of the longest request's KV per GPU > "  # type: ignore[union-attr]
+    d, t, f = short
+    why = (f"data-parallel attention does not fit {d} at TP {t}: {f.weights_gb:.1f} GiB of weights (the experts "
+           f"split, the rest whole) + {f.kv_gb:.1f} GiB of the longest request's KV per GPU > "
            f"{profile.hw.memory_gb:g} GiB x {frac:.2f}")
     plan.resolutions.append(f"parallel.dp_attention: {why}; TP attention only")
     _set(plan, "parallel.dp_attention", [False], why)

@@ -154,8 +154,7 @@ class LiveEvaluator(Evaluator):
         base: dict[str, Any] = {"engine": f"{self.found.package} {self.found.version}", "cost_source": "measured live"}
         if predicted:
             base["predicted"] = predicted
-        if self.lease is not None and exclusive_waiting():
-            self.stop()  # a measurement elsewhere on this machine waits to run alone: no server kept for it to wait on
+        self.idle()  # a measurement elsewhere on this machine waits to run alone: no server kept for it to wait on
         running = self.server is not None and self.server.exited() is None
         reused = running and self.serving == launch.key()
         if running and not reused and self.server.launch.restart_key() == launch.restart_key():  # type: ignore[union-attr]
