@@ -4,8 +4,8 @@ For each dtype the engine runs on a CPU (fp32, bf16) and each linear kernel it h
 on the plain weight; `onednn`: weights pre-packed by oneDNN, dspark_core/modeling/cpu_linear.py, where this CPU
 packs the dtype): the time to read the model's weights once at one row (every projection and the LM head, in the
 model's order), and the limit is the fastest of those; then the lean model's own forward at one request (plain
-decode), at 8 requests, and verifying 9 tokens of one request, each as a multiple of that limit, all interleaved in
-one run (ratios, never absolute times: the cores are shared). `--compile` adds the same steps through
+decode), at 8 requests, and verifying 5 and 9 tokens of one request, each as a multiple of that limit, all
+interleaved in one run (ratios, never absolute times: the cores are shared). `--compile` adds the same steps through
 `torch.compile` (dspark_core/modeling/compiled.py).
 
     python benchmarks/step_limit.py [--threads 2] [--context 256] [--repeats 5] [--json] [--write]
@@ -63,7 +63,7 @@ def timers(model, context: int, compiled, kernel: str) -> dict[str, Any]:
                 cache.truncate(s, context)
         return run
 
-    shapes = {"plain_1": (1, 1), "plain_8": (8, 1), "verify_9": (1, 9)}
+    shapes = {"plain_1": (1, 1), "plain_8": (8, 1), "verify_5": (1, 5), "verify_9": (1, 9)}
     out = {f"{kernel}_stream": stream, **{f"{kernel}_eager_{k}": step(b, t, None) for k, (b, t) in shapes.items()}}
     if compiled is not None:
         out |= {f"{kernel}_compiled_{k}": step(b, t, compiled) for k, (b, t) in shapes.items()}
@@ -117,7 +117,7 @@ def main() -> int:
             if a.compile:
                 from dspark_core.modeling.compiled import CompiledStep
 
-                compiled = CompiledStep(model, sizes=(1, 9))  # as the engine builds it: verify 9 in a 9-token graph
+                compiled = CompiledStep(model, sizes=(1, 5, 9))  # as the engine builds it: each verify length its graph
             fns |= timers(model, a.context, compiled, kernel)
         t0 = time.perf_counter()
         for fn in fns.values():  # the first call of each compiled shape compiles it (or loads it from disk)
@@ -130,7 +130,9 @@ def main() -> int:
             if k.endswith("_plain_1"):
                 p = k[: -len("plain_1")]  # "<kernel>_<eager|compiled>_"
                 steps[p[:-1]] = {"plain_1": round(ms[k] / limit, 2), "plain_8": round(ms[p + "plain_8"] / limit, 2),
+                                 "verify_5": round(ms[p + "verify_5"] / limit, 2),
                                  "verify_9": round(ms[p + "verify_9"] / limit, 2),
+                                 "verify5_over_plain1": round(ms[p + "verify_5"] / ms[k], 2),
                                  "verify9_over_plain1": round(ms[p + "verify_9"] / ms[k], 2)}
         rows.append({"dtype": dt, "ms": {k: round(v, 2) for k, v in ms.items()}, "limit_ms": round(limit, 2),
                      "stream_x_limit": {k[: -len("_stream")]: round(v / limit, 2) for k, v in ms.items()
@@ -164,13 +166,14 @@ def write(r: dict[str, Any]) -> None:
              "model's forward, eager and (with `--compile`) through `torch.compile`, medians of interleaved "
              "repeats, as multiples of that limit.", "",
              "| dtype | kernel | step | limit ms | streamed GB/s | kernel's own read (x limit) | plain 1 | plain 8 | "
-             "verify 9 | verify 9 / plain 1 |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "verify 5 | verify 9 | verify 5 / plain 1 | verify 9 / plain 1 |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in r["rows"]:
         for name, x in row["steps_x_limit"].items():
             kernel, mode = name.split("_")
             lines.append(f"| {row['dtype']} | {kernel} | {mode} | {row['limit_ms']} | {row['stream_gbs']} | "
-                         f"{row['stream_x_limit'][kernel]} | {x['plain_1']} | {x['plain_8']} | {x['verify_9']} | "
-                         f"{x['verify9_over_plain1']} |")
+                         f"{row['stream_x_limit'][kernel]} | {x['plain_1']} | {x['plain_8']} | {x['verify_5']} | "
+                         f"{x['verify_9']} | {x['verify5_over_plain1']} | {x['verify9_over_plain1']} |")
     write_section(f"step_limit_{r['capability'].lower()}", "\n".join(lines))  # one section per CPU kind
     (ROOT / "benchmarks" / "results" / f"step_limit_{r['capability'].lower()}.json").write_text(json.dumps(r, indent=1))
 

@@ -224,6 +224,9 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                                                      "(default 1; with --devices, one per device).")] = None,
          trial_seconds: Annotated[float, typer.Option(min=1.0, help="Measure mode: stop a trial's generation "
                                                       "after this many seconds and score what it did.")] = 60.0,
+         trial_tokens: Annotated[int, typer.Option(min=8, max=4096, help="Measure mode: new tokens each of a trial's "
+                                                   "requests generates (copying methods need output to copy from: "
+                                                   "chat pays only past ~100).")] = 48,
          concurrency: ConcurrencyOpt = None, slo_ttft_ms: SloTtftOpt = None, slo_tpot_ms: SloTpotOpt = None,
          drafter: DrafterOpt = None,
          cost: Annotated[str, typer.Option(help="Simulate: what prices a forward. auto (AIConfigurator's measured "
@@ -367,7 +370,8 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         spec = st.StudySpec(profile=profile.model_dump(mode="json", exclude_none=True), profile_id=profile_id,
                             plan=plan_json, plan_id=plan_id, mode=chosen, objectives=objectives,
                             slo_ttft_ms=slo.ttft_ms if slo else None, slo_tpot_ms=slo.tpot_ms if slo else None,
-                            seed=seed, tool_version=tool, trial_seconds=trial_seconds, cost=priced,
+                            seed=seed, tool_version=tool, trial_seconds=trial_seconds, trial_tokens=trial_tokens,
+                            cost=priced,
                             deploy=deploy or live_deploy(engine) or default_deploy(chosen, profile),
                             cluster=choice.to_json() if choice is not None else None)
         if chosen != "live":

@@ -2,7 +2,8 @@
 
 The target is the profile's model when it is a runnable checkpoint folder here (a real Hugging Face
 checkpoint on a GPU machine), else the project's tiny reference target; prompts come from the
-workload's JSONL file, else from held-out code outside the standard library. One target is loaded
+workload's JSONL file, else from the held-out prompts of the preset's domain (chat prompts for `chat`, code outside
+the standard library for every other preset). One target is loaded
 once and shared by every trial; each trial builds an Engine with the trial's parameters.
 """
 
@@ -17,7 +18,8 @@ from profiler.schema import Profile
 from tuner.errors import TunerError
 from tuner.objective import Evaluation, Evaluator
 
-HELDOUT_PROMPTS = Path(__file__).resolve().parent.parent / "benchmarks" / "prompts" / "heldout_code.jsonl"
+PROMPTS_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "prompts"
+HELDOUT_PROMPTS = {"chat": PROMPTS_DIR / "heldout_chat.jsonl", "code": PROMPTS_DIR / "heldout_code.jsonl"}
 MACHINE_SHARE = 0.8  # of the profiled memory an exported engine may take (the OS and the server keep the rest)
 
 
@@ -34,6 +36,12 @@ def _checkpoint(profile: Profile) -> Path:
         return ASSETS / "target"
     raise TunerError(f"cannot measure {profile.model.name or src} here: no checkpoint folder; pass --mode simulate "
                      "or --model PATH to a Hugging Face checkpoint folder")
+
+
+def preset_prompts(workload: str) -> Path:
+    """The held-out prompts a measured trial of workload preset `workload` runs: its domain's where there are
+    some (a chat deployment's best block is not a code deployment's: RESULTS.md, issue 42), else code."""
+    return HELDOUT_PROMPTS.get(workload, HELDOUT_PROMPTS["code"])
 
 
 class MeasureEvaluator(Evaluator):
@@ -80,7 +88,7 @@ class MeasureEvaluator(Evaluator):
         from dspark_core.cli.prompts import load_prompts
 
         wl = self.profile.workload.name or ""
-        path = Path(wl) if wl.endswith(".jsonl") and Path(wl).is_file() else HELDOUT_PROMPTS
+        path = Path(wl) if wl.endswith(".jsonl") and Path(wl).is_file() else preset_prompts(wl)
         if not path.is_file():
             raise TunerError(f"no prompts to measure with: {path} is missing; pass --workload FILE.jsonl")
         return [r.prompt for r in load_prompts(path, limit=n)]

@@ -132,14 +132,17 @@ def write_report(out: Path, template, study, spec: StudySpec, trial, meets: bool
 def searched_methods(trials: list[Any], exported: Any, maximize: bool = True) -> dict[str, float]:
     """Where the study searched `spec.method`: each searched method's best first objective (the largest, or the
     smallest where it is minimised) over the completed trials (in the order searched; NaN for one no trial ran),
-    else {}."""
+    else {}. A trial with speculation off is plain decoding whatever its `spec.method` says (the parameter is
+    inert there), so it counts as `plain`, never as the method it names."""
     dist = exported.distributions.get("spec.method")
     choices = [str(c) for c in getattr(dist, "choices", ())]
     if len(choices) < 2:
         return {}
     best: dict[str, float] = {c: float("nan") for c in choices}
     for t in trials:
-        m = str(t.params.get("spec.method", ""))
+        m = str(t.params.get("spec.method", "")) if t.params.get("spec.enabled", True) else "plain"
+        if m == "plain":
+            best.setdefault("plain", float("nan"))
         if m in best and t.values:
             v, old = float(t.values[0]), best[m]
             if old != old or (v > old if maximize else v < old):  # NaN: the first trial of the method sets it

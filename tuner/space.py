@@ -194,6 +194,26 @@ def with_plain(space: SearchSpace) -> SearchSpace:
     return SearchSpace(dists, fixed, space.defaults, space.warm_start, space.running_cap)
 
 
+LOW_ACCEPTANCE_OFF = "spec.disable.very-low-acceptance"  # the rule that turns speculation off on a drafter's tau
+
+
+def methods_decide(space: SearchSpace, plan: Plan) -> SearchSpace:
+    """`space` without the fixed `spec.enabled: false` where the only rule fixing it is the low-acceptance one and
+    the study searches several methods: that rule reads the profiled drafter's tau, not n-gram's or suffix's, so
+    fixing speculation off made every searched method inert (a chat study on SmolLM2 "searched" DSpark, n-gram,
+    suffix and the hybrid and ran plain decoding in all 14 trials). Speculation off stays where the rule points,
+    as the study's starting point (`spec.method: plain`, which `with_plain` / the measured space add), and the
+    trials decide."""
+    entry = plan.fixed.get("spec.enabled")
+    method = space.distributions.get("spec.method")
+    if (entry is None or entry.value is not False or entry.rules != [LOW_ACCEPTANCE_OFF] or method is None
+            or len(method.choices) < 2 or space.fixed.get("spec.enabled") is not False):
+        return space
+    fixed = {k: v for k, v in space.fixed.items() if k != "spec.enabled"}
+    return SearchSpace(dict(space.distributions), fixed, space.defaults,
+                       {**space.warm_start, "spec.method": "plain"}, space.running_cap)
+
+
 def fixed_at_start(space: SearchSpace, names: tuple[str, ...]) -> SearchSpace:
     """`space` with `names` no longer searched: each fixed at its starting point (the plan's preferred value, else
     its first choice). For parameters the study's cost model cannot tell apart (EP under the roofline), whose

@@ -24,7 +24,7 @@ from kb.match import Plan
 from profiler.schema import Profile
 from tuner.errors import TunerError
 from tuner.objective import OBJECTIVES, Evaluator, SimulateEvaluator
-from tuner.space import SearchSpace, closed_loop_clients, space_from_plan
+from tuner.space import SearchSpace, closed_loop_clients, methods_decide, space_from_plan
 from tuner.storage import _RetryStale, grace_s, heartbeat_s, stop_heartbeats, storage  # noqa: F401 - the study's storage, re-exported
 from tuner.study_guards import beyond_target, enqueued_twice, measured_twice  # noqa: F401 - re-exported
 from tuner.trial_run import fail_dead, faults_as_one_line, quiet_interrupts, run_trial
@@ -48,6 +48,7 @@ class StudySpec(BaseModel):
     seed: int = 0
     n_requests: int | None = None  # simulated requests per trial (None: 6 x concurrency, 48..384)
     trial_seconds: float = 60.0  # measure mode: a trial's generation stops after this long (figures cover what ran)
+    trial_tokens: int = 48  # measure mode: new tokens each of a trial's requests generates
     tool_version: str = ""
     # live (tune --engine): the serving engine launched per trial and how it is driven
     engine: str | None = None  # tuner/live/engines.py ENGINES: dspark, vllm, sglang
@@ -92,7 +93,7 @@ class StudySpec(BaseModel):
     def space(self) -> SearchSpace:
         """The searched space: kernel knobs only when measuring on a GPU, where they can be observed."""
         gpu_measure = self.mode == "measure" and self.profile_model().hw.arch not in (None, "cpu")
-        space = space_from_plan(self.plan_model(), tune_kernels=gpu_measure)
+        space = methods_decide(space_from_plan(self.plan_model(), tune_kernels=gpu_measure), self.plan_model())
         space.running_cap = 0 if self.mode == "live" else closed_loop_clients(self.profile_model().workload)
         if self.mode == "measure":  # the bundled engine runs: plain, n-gram, suffix, DSpark and the hybrid
             from tuner.bundled_methods import measured_space
@@ -129,7 +130,7 @@ def make_evaluator(spec: StudySpec) -> Evaluator:
         return LiveEvaluator(spec)
     from tuner.measure import MeasureEvaluator
 
-    return MeasureEvaluator(spec.profile_model(), trial_limit_s=spec.trial_seconds)
+    return MeasureEvaluator(spec.profile_model(), max_new_tokens=spec.trial_tokens, trial_limit_s=spec.trial_seconds)
 
 
 NAME_MAX = 128  # study names: Optuna's column holds 512 characters on every backend; ours stay well inside it

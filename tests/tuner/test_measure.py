@@ -55,3 +55,13 @@ def test_a_configuration_whose_exported_engine_would_not_fit_this_machine_is_inf
         assert evaluator.evaluate({**engine_defaults(), "spec.enabled": False, "batch.max_requests": 2}).feasible
     finally:
         evaluator.profile.hw.memory_gb = None
+
+
+def test_a_preset_workload_measures_its_own_domain():
+    """A chat deployment is measured on chat prompts, a code one on code, other presets on code."""
+    from dspark_core.cli.prompts import load_prompts
+    from tuner.measure import preset_prompts
+
+    assert {r.domain for r in load_prompts(preset_prompts("chat"))} == {"chat"}
+    assert preset_prompts("code") == preset_prompts("math") != preset_prompts("chat")
+    assert preset_prompts("code").is_file()

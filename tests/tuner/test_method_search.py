@@ -150,3 +150,25 @@ def test_a_simulated_study_can_turn_speculation_off():
     no_plain = {**space.distributions, "spec.method": CategoricalDistribution(["dspark", "ngram"])}
     kept = with_plain(SearchSpace(no_plain, {**space.fixed, "spec.enabled": False}, space.defaults, {}))
     assert kept.distributions["spec.method"].choices == ("dspark", "ngram")
+
+
+def test_a_drafters_low_acceptance_starts_the_study_at_plain_instead_of_fixing_every_method_off():
+    """The low-acceptance rule reads the profiled drafter's tau: with several methods searched, speculation off is
+    where the study starts (spec.method plain), not a fixed value that leaves n-gram and suffix inert; any other
+    rule fixing it off still fixes it."""
+    from optuna.distributions import CategoricalDistribution
+
+    from kb.match import FixedEntry, Plan
+    from tuner.space import LOW_ACCEPTANCE_OFF, SearchSpace, methods_decide, with_plain
+
+    space = SearchSpace({"spec.method": CategoricalDistribution(["dspark", "ngram", "suffix"])},
+                        {"spec.enabled": False, "weights.dtype": "bf16"}, {}, {"spec.method": "dspark"})
+    plan = Plan(fixed={"spec.enabled": FixedEntry(value=False, rules=[LOW_ACCEPTANCE_OFF], why="")})
+    out = with_plain(methods_decide(space, plan))
+    assert "spec.enabled" not in out.fixed and out.fixed["weights.dtype"] == "bf16"
+    assert list(out.distributions["spec.method"].choices) == ["dspark", "ngram", "suffix", "plain"]
+    assert out.warm_start["spec.method"] == "plain"
+    other = Plan(fixed={"spec.enabled": FixedEntry(value=False, rules=["stability.some-bug"], why="")})
+    assert methods_decide(space, other) is space
+    one = SearchSpace({}, {"spec.enabled": False, "spec.method": "dspark"}, {}, {})
+    assert methods_decide(one, plan) is one

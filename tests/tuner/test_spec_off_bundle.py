@@ -54,6 +54,12 @@ def test_the_method_line_names_what_the_study_searched():
     assert off.startswith("Speculation is off in the exported configuration: plain decoding, chosen among")
     assert searched_methods(trials, SimpleNamespace(distributions={})) == {}
     assert searched_methods(trials, trials[2], maximize=False)["ngram"] == 42.4  # a minimised objective: the least
+    # speculation off is plain decoding, whatever spec.method the trial carries
+    dist = {"spec.method": CategoricalDistribution(["dspark", "suffix"])}
+    trials = [SimpleNamespace(params={"spec.method": "suffix", "spec.enabled": on}, values=[v], distributions=dist)
+              for on, v in ((True, 30.2), (False, 41.5))]
+    got = searched_methods(trials, trials[1])
+    assert list(got) == ["dspark", "suffix", "plain"] and got["suffix"] == 30.2 and got["plain"] == 41.5
 
 
 def test_the_parameter_table_names_the_methods_the_study_searched() -> None:
