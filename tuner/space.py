@@ -210,8 +210,9 @@ def methods_decide(space: SearchSpace, plan: Plan) -> SearchSpace:
             or len(method.choices) < 2 or space.fixed.get("spec.enabled") is not False):
         return space
     fixed = {k: v for k, v in space.fixed.items() if k != "spec.enabled"}
-    return SearchSpace(dict(space.distributions), fixed, space.defaults,
-                       {**space.warm_start, "spec.method": "plain"}, space.running_cap)
+    defaults = {**space.defaults, "spec.enabled": True}  # on, unless the trial's method is plain (`consistent`)
+    return SearchSpace(dict(space.distributions), fixed, defaults, {**space.warm_start, "spec.method": "plain"},
+                       space.running_cap)
 
 
 def fixed_at_start(space: SearchSpace, names: tuple[str, ...]) -> SearchSpace:

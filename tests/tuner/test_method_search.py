@@ -168,6 +168,8 @@ def test_a_drafters_low_acceptance_starts_the_study_at_plain_instead_of_fixing_e
     assert "spec.enabled" not in out.fixed and out.fixed["weights.dtype"] == "bf16"
     assert list(out.distributions["spec.method"].choices) == ["dspark", "ngram", "suffix", "plain"]
     assert out.warm_start["spec.method"] == "plain"
+    assert out.params_of({"spec.method": "ngram"})["spec.enabled"] is True  # every trial says whether it speculates
+    assert out.params_of({"spec.method": "plain"})["spec.enabled"] is False
     other = Plan(fixed={"spec.enabled": FixedEntry(value=False, rules=["stability.some-bug"], why="")})
     assert methods_decide(space, other) is space
     one = SearchSpace({}, {"spec.enabled": False, "spec.method": "dspark"}, {}, {})
