@@ -82,7 +82,7 @@ class Bench:
         from dspark_core.cli.prompts import load_prompts
         from dspark_core.modeling.checkpoint import checkpoint_folder
         from profiler.build import build_profile
-        from tuner.measure import HELDOUT_PROMPTS, MeasureEvaluator
+        from tuner.measure import MeasureEvaluator, preset_prompts
         from tuner.perf import Hardware, ModelShape
 
         folder = str(checkpoint_folder(model)) if model else str(dc.ASSETS / "target")
@@ -91,7 +91,7 @@ class Bench:
         self.shape, self.hw = ModelShape.from_profile(self.profile), Hardware.from_profile(self.profile)
         self.meas = MeasureEvaluator(self.profile, n_prompts=n_prompts, max_new_tokens=max_new, dtype=dtype)
         self.max_new = max_new
-        rows = load_prompts(HELDOUT_PROMPTS["code"], limit=2 * n_prompts)
+        rows = load_prompts(preset_prompts("code"), limit=2 * n_prompts)
         self.eval_prompts = [r.prompt for r in rows[:n_prompts]]
         self.calib_prompts = [r.prompt for r in rows[n_prompts:2 * n_prompts]]
         self.heads = available_heads(model)

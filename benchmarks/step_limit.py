@@ -27,6 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+SHAPES = {"plain_1": (1, 1), "plain_8": (8, 1), "verify_5": (1, 5), "verify_9": (1, 9)}  # step -> (rows, tokens)
+VERIFY = (5, 9)  # verify lengths reported against plain 1 as well
+
+
 def linears(model) -> list[Any]:  # LeanModel -> its nn.Linear modules in forward order (gpu_step.py too)
     out = []
     for layer in model.layers:
@@ -63,10 +67,9 @@ def timers(model, context: int, compiled, kernel: str) -> dict[str, Any]:
                 cache.truncate(s, context)
         return run
 
-    shapes = {"plain_1": (1, 1), "plain_8": (8, 1), "verify_5": (1, 5), "verify_9": (1, 9)}
-    out = {f"{kernel}_stream": stream, **{f"{kernel}_eager_{k}": step(b, t, None) for k, (b, t) in shapes.items()}}
+    out = {f"{kernel}_stream": stream, **{f"{kernel}_eager_{k}": step(b, t, None) for k, (b, t) in SHAPES.items()}}
     if compiled is not None:
-        out |= {f"{kernel}_compiled_{k}": step(b, t, compiled) for k, (b, t) in shapes.items()}
+        out |= {f"{kernel}_compiled_{k}": step(b, t, compiled) for k, (b, t) in SHAPES.items()}
     return out
 
 
@@ -117,7 +120,7 @@ def main() -> int:
             if a.compile:
                 from dspark_core.modeling.compiled import CompiledStep
 
-                compiled = CompiledStep(model, sizes=(1, 5, 9))  # as the engine builds it: each verify length its graph
+                compiled = CompiledStep(model, sizes=(1, *VERIFY))  # as the engine: a graph per verify length
             fns |= timers(model, a.context, compiled, kernel)
         t0 = time.perf_counter()
         for fn in fns.values():  # the first call of each compiled shape compiles it (or loads it from disk)
@@ -129,11 +132,8 @@ def main() -> int:
         for k in ms:
             if k.endswith("_plain_1"):
                 p = k[: -len("plain_1")]  # "<kernel>_<eager|compiled>_"
-                steps[p[:-1]] = {"plain_1": round(ms[k] / limit, 2), "plain_8": round(ms[p + "plain_8"] / limit, 2),
-                                 "verify_5": round(ms[p + "verify_5"] / limit, 2),
-                                 "verify_9": round(ms[p + "verify_9"] / limit, 2),
-                                 "verify5_over_plain1": round(ms[p + "verify_5"] / ms[k], 2),
-                                 "verify9_over_plain1": round(ms[p + "verify_9"] / ms[k], 2)}
+                steps[p[:-1]] = {**{n: round(ms[p + n] / limit, 2) for n in SHAPES},
+                                 **{f"verify{t}_over_plain1": round(ms[p + f"verify_{t}"] / ms[k], 2) for t in VERIFY}}
         rows.append({"dtype": dt, "ms": {k: round(v, 2) for k, v in ms.items()}, "limit_ms": round(limit, 2),
                      "stream_x_limit": {k[: -len("_stream")]: round(v / limit, 2) for k, v in ms.items()
                                         if k.endswith("_stream")},

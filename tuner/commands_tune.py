@@ -225,8 +225,8 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
          trial_seconds: Annotated[float, typer.Option(min=1.0, help="Measure mode: stop a trial's generation "
                                                       "after this many seconds and score what it did.")] = 60.0,
          trial_tokens: Annotated[int, typer.Option(min=8, max=4096, help="Measure mode: new tokens each of a trial's "
-                                                   "requests generates (copying methods need output to copy from: "
-                                                   "chat pays only past ~100).")] = 48,
+                                                   "requests generates (n-gram and suffix copy from the output: "
+                                                   "longer trials see more of it).")] = 48,
          concurrency: ConcurrencyOpt = None, slo_ttft_ms: SloTtftOpt = None, slo_tpot_ms: SloTpotOpt = None,
          drafter: DrafterOpt = None,
          cost: Annotated[str, typer.Option(help="Simulate: what prices a forward. auto (AIConfigurator's measured "

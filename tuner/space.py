@@ -206,8 +206,8 @@ def methods_decide(space: SearchSpace, plan: Plan) -> SearchSpace:
     trials decide."""
     entry = plan.fixed.get("spec.enabled")
     method = space.distributions.get("spec.method")
-    if (entry is None or entry.value is not False or entry.rules != [LOW_ACCEPTANCE_OFF] or method is None
-            or len(method.choices) < 2 or space.fixed.get("spec.enabled") is not False):
+    if entry is None or entry.value is not False or entry.rules != [LOW_ACCEPTANCE_OFF] or method is None \
+            or len(method.choices) < 2:
         return space
     fixed = {k: v for k, v in space.fixed.items() if k != "spec.enabled"}
     defaults = {**space.defaults, "spec.enabled": True}  # on, unless the trial's method is plain (`consistent`)

@@ -93,7 +93,8 @@ class StudySpec(BaseModel):
     def space(self) -> SearchSpace:
         """The searched space: kernel knobs only when measuring on a GPU, where they can be observed."""
         gpu_measure = self.mode == "measure" and self.profile_model().hw.arch not in (None, "cpu")
-        space = methods_decide(space_from_plan(self.plan_model(), tune_kernels=gpu_measure), self.plan_model())
+        plan = self.plan_model()
+        space = methods_decide(space_from_plan(plan, tune_kernels=gpu_measure), plan)
         space.running_cap = 0 if self.mode == "live" else closed_loop_clients(self.profile_model().workload)
         if self.mode == "measure":  # the bundled engine runs: plain, n-gram, suffix, DSpark and the hybrid
             from tuner.bundled_methods import measured_space
