@@ -6,7 +6,7 @@ on a CPU, Triton on a GPU) whose pointwise work (norms, RoPE, SiLU, casts) is fu
 * Shapes come in buckets so a step never retraces: rows B padded to a power of two (padding repeats the last real
   row, whose KV writes are then identical to its own), tokens per row T padded to the next of the step sizes the
   engine runs (1 and its verify length, exactly: padding a 9-token verify to 16 costs 16 rows of GEMM; shorter
-  drafts verify in that graph too) or else a power of two up to `MAX_T` (padding writes past a row's length,
+  drafts verify in that graph too) or else a power of two up to 16 (padding writes past a row's length,
   which the next real tokens overwrite before anyone reads them, as in the eager model). The keys read per
   slot, Lk (the longest row's length after the step), is the one dynamic dimension: one graph serves every
   context length, so a growing context never compiles mid-serving (attention masks past each row's position).
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from dspark_core.modeling.model import ForwardOut, KVCache, LeanModel, apply_rope, attend
 
-MAX_T = 16  # tokens per row a compiled step takes (verify blocks); longer steps (prefill) run eager
+MAX_T = 17  # tokens per row a compiled step takes: the longest verify, a 16-token block + its anchor; prefill: eager
 SPAN_FLOOR = 256  # a CUDA graph's key span: the next power of two >= max(Lk, this), capped by the cache
 
 
@@ -147,7 +147,8 @@ class CompiledStep:
     def takes(self, t: int, cache: KVCache, slots: list[int], hidden_layers: tuple[int, ...] = ()) -> bool:
         """Whether a step of `t` tokens per row goes through the compiled graph: a decode / verify step whose
         padded tokens still fit every slot, while the compile budget lasts or its shape is already compiled."""
-        if t > MAX_T or int(cache.lens[slots].max()) + self.t_bucket(t) > cache.max_len:
+        padded = self.t_bucket(t)
+        if padded > MAX_T or int(cache.lens[slots].max()) + padded > cache.max_len:
             return False
         if sum(self.seen.values()) < self.budget_s or self._key(t, cache, slots, hidden_layers) in self.seen:
             return True

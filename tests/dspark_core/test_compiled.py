@@ -57,6 +57,16 @@ def test_every_verify_pads_to_the_engines_verify_length_and_no_further():
     assert [step.t_bucket(t) for t in (1, 2, 5, 9, 10)] == [1, 9, 9, 9, 16]
 
 
+def test_a_16_token_block_verifies_compiled_and_nothing_pads_past_it():
+    """spec.block_size goes to 16: its 17-token verify is compiled (it ran eager, at 0.6x block 8's speed, when
+    the limit was 16); a 17-token step the engine has no size for would pad to 32 and runs eager."""
+    model = load_model(ASSETS / "target", "cpu", "fp32")
+    cache = model.new_cache(1, 64)
+    model(torch.randint(0, model.arch.vocab_size, (1, 5)), cache, [0])
+    assert CompiledStep(model, sizes=(1, 17)).takes(17, cache, [0])
+    assert not CompiledStep(model, sizes=(1, 9)).takes(17, cache, [0])
+
+
 def test_a_spent_compile_budget_runs_new_shapes_eager():
     model = load_model(ASSETS / "target", "cpu", "fp32")
     cache = model.new_cache(2, 64)
