@@ -12,8 +12,7 @@ import json
 import sysconfig
 from pathlib import Path
 
-PACKAGES = ("click", "jinja2", "rich", "typer", "alembic", "mako", "markdown_it", "annotated_types", "h11",
-            "filelock", "colorlog", "iniconfig")  # pure-Python packages of the project's environment
+from dspark_core.training.code_sources import BENCH_PACKAGES as PACKAGES  # the drafters never train on them
 
 
 def prompts(n: int, max_chars: int = 700) -> list[dict[str, str]]:

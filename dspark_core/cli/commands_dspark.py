@@ -108,6 +108,12 @@ def train_drafter_cmd(
     chat_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of the sequences that are chat "
                                                  "prompts (dspark_core/training/data/chat_prompts.yaml) answered "
                                                  "by the target; the rest are code.")] = 0.0,
+    code_source: Annotated[str, typer.Option(help="Where code prompts come from: stdlib (the standard library) or "
+                                             "site (installed third-party packages, never the held-out code "
+                                             "benchmark's: dspark_core/training/code_sources.py).")] = "stdlib",
+    def_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of the code prompts that end at a "
+                                                "`def` line (the held-out benchmark's shape: the target writes a "
+                                                "function body); the rest are random windows.")] = 0.0,
     eval_every: Annotated[int, typer.Option(min=0, help="Steps between points of the training curve: tau at the "
                                             "trained block on held-out code (and chat) greedy rounds, appended "
                                             "to <state-dir>/<head>/curve.jsonl (0 = only at the end).")] = 0,
@@ -136,6 +142,7 @@ def train_drafter_cmd(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from dspark_core.drafters.dspark import DraftConfig
+    from dspark_core.training.code_sources import SOURCES
     from dspark_core.training.curve import CURVE_FILE, TrainingCurve, drop_curve, heldout_sets
     from dspark_core.training.train import (
         DATA_FILE,
@@ -150,6 +157,8 @@ def train_drafter_cmd(
 
     if head not in HEADS:
         raise DSparkError(f"--head {head!r} is not one of {', '.join(HEADS)}")
+    if code_source not in SOURCES:
+        raise DSparkError(f"--code-source {code_source!r} is not one of {', '.join(SOURCES)}")
     if gen_len < block_size + 2:
         raise DSparkError(f"--gen-len {gen_len} is too short for blocks of {block_size}; use at least {block_size + 2}")
     assets = committed_assets(str(target))
@@ -187,11 +196,14 @@ def train_drafter_cmd(
                 temperature=temperature, seed=seed, target=str(target), dtype=dtype, layers=list(layers))
     if chat_fraction:  # a key only when set: a code-only cache written before the option stays valid
         meta["chat_fraction"] = chat_fraction
+    if code_source != "stdlib" or def_fraction:  # the same: a cache of the original recipe stays valid
+        meta |= {"code_source": code_source, "def_fraction": def_fraction}
     cols = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
             TextColumn("loss {task.fields[loss]:.3f} accept {task.fields[acc]:.3f}"), TimeElapsedColumn(),
             TimeRemainingColumn())
     held = heldout_sets(tgt, target, prompt_len=prompt_len, gen_len=min(gen_len, 64), seed=seed + 1,
-                        chat=chat_fraction > 0)  # first: a prompt length too short for chat fails before any work
+                        chat=chat_fraction > 0, code_source=code_source,
+                        def_fraction=def_fraction)  # first: a prompt length too short for chat fails before any work
     from rich.console import Console
 
     # the bar, the start-up line and the curve's points on stderr: stdout holds only the result (--json reads it)
@@ -202,11 +214,12 @@ def train_drafter_cmd(
         else:
             if not progress.console.is_terminal:  # a start-up line in logs: this pass takes minutes
                 progress.console.print(f"target continuations: {sequences} rows of {prompt_len} + {gen_len} tokens "
-                                       f"(chat share {chat_fraction}), then the target's states")
+                                       f"(chat share {chat_fraction}, code from {code_source}, def-ending share "
+                                       f"{def_fraction}), then the target's states")
             task = progress.add_task("target continuations", total=1, loss=float("nan"), acc=float("nan"))
             data = target_data(tgt, target, sequences=sequences, prompt_len=prompt_len, gen_len=gen_len,
                                greedy_fraction=greedy_fraction, temperature=temperature, seed=seed, heldout=False,
-                               chat_fraction=chat_fraction)
+                               chat_fraction=chat_fraction, code_source=code_source, def_fraction=def_fraction)
             progress.update(task, advance=1)
             task = progress.add_task("target states", total=data.tokens.shape[0], loss=float("nan"), acc=float("nan"))
             data = cache_target(tgt, data, layers, on_batch=lambda n: progress.update(task, advance=n))

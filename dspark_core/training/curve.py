@@ -26,12 +26,14 @@ CURVE_MAX_BYTES = 1 << 20  # a point is ~200 bytes: a larger file of this name i
 
 
 def heldout_sets(target: LeanModel, target_path: Path, *, prompt_len: int, gen_len: int, seed: int,
-                 chat: bool) -> dict[str, TrainData]:
-    """Greedy target continuations of held-out prompts: 32 code rows, and 16 chat rows when `chat`."""
+                 chat: bool, code_source: str = "stdlib", def_fraction: float = 0.0) -> dict[str, TrainData]:
+    """Greedy target continuations of held-out prompts: 32 code rows (held-out files of the training's code source,
+    windows shaped as its), and 16 chat rows when `chat`."""
     from dspark_core.training.target_data import target_data
 
     sets = {"code": target_data(target, target_path, sequences=32, prompt_len=prompt_len, gen_len=gen_len,
-                                greedy_fraction=1.0, temperature=0.0, seed=seed, heldout=True)}
+                                greedy_fraction=1.0, temperature=0.0, seed=seed, heldout=True,
+                                code_source=code_source, def_fraction=def_fraction)}
     if chat:
         sets["chat"] = target_data(target, target_path, sequences=16, prompt_len=prompt_len, gen_len=gen_len,
                                    greedy_fraction=1.0, temperature=0.0, seed=seed, heldout=True, chat_fraction=1.0)

@@ -1,9 +1,10 @@
 """The training and held-out data of a drafter: prompts continued by the target itself.
 
-Code rows are windows of the standard library's sources; chat rows (`chat_fraction` of them) are ChatML prompts
-from `chat_prompts.py`. Every row has the same length, prompt_len + gen_len: a chat prompt is shorter than
-`prompt_len`, so the target writes more of its row, and every position from prompt_len - 1 on is target-written in
-both kinds (the anchors of `train.train_drafter` without prompt anchors).
+Code rows are windows of the standard library's sources or of installed third-party packages (code_sources.py);
+chat rows (`chat_fraction` of them) are ChatML prompts from `chat_prompts.py`. Every row has the same length,
+prompt_len + gen_len: a chat prompt is shorter than `prompt_len`, so the target writes more of its row, and every
+position from prompt_len - 1 on is target-written in both kinds (the anchors of `train.train_drafter` without
+prompt anchors).
 """
 
 from __future__ import annotations
@@ -23,18 +24,18 @@ if TYPE_CHECKING:
 CHUNK = 128  # rows generated together
 
 
-def code_prompts(target_path: Path, *, count: int, length: int, seed: int, heldout: bool) -> torch.Tensor:
-    """Windows of `length` tokens from the standard library's sources: the training split (heldout=False) or its
-    held-out 2 % (heldout=True, for calibration and the training curve) -> [count, length]."""
+def code_prompts(target_path: Path, *, count: int, length: int, seed: int, heldout: bool, source: str = "stdlib",
+                 def_fraction: float = 0.0) -> torch.Tensor:
+    """Windows of `length` tokens from `source`'s code (code_sources.py): the training split (heldout=False) or its
+    held-out ~2 % (heldout=True, for calibration and the training curve) -> [count, length]."""
     from dspark_core.modeling.tokenizer import Tokenizer
-    from dspark_core.training.build_tiny import is_heldout, stdlib_sources
-    from dspark_core.training.train import stdlib_prompts
+    from dspark_core.training.code_sources import SOURCES, code_windows, site_sources, stdlib_groups
 
-    tok = Tokenizer.load(target_path)
-    files = [f for f in stdlib_sources() if is_heldout(f) == heldout]
-    if not files:
-        raise DSparkError("no standard-library sources found to build prompts from; is this a full Python install?")
-    return stdlib_prompts(tok.encode, files, count, length, seed)
+    if source not in SOURCES:
+        raise DSparkError(f"code source {source!r} is not one of {', '.join(SOURCES)}")
+    groups = stdlib_groups(heldout) if source == "stdlib" else site_sources(heldout)
+    return code_windows(Tokenizer.load(target_path).encode, groups, count=count, length=length, seed=seed,
+                        def_fraction=def_fraction)
 
 
 def _continue(target: LeanModel, prompts: torch.Tensor, new_tokens: int, greedy_fraction: float,
@@ -53,22 +54,24 @@ def _continue(target: LeanModel, prompts: torch.Tensor, new_tokens: int, greedy_
 
 def target_data(target: LeanModel, target_path: Path, *, sequences: int, prompt_len: int, gen_len: int,
                 greedy_fraction: float, temperature: float, seed: int, heldout: bool,
-                chat_fraction: float = 0.0) -> TrainData:
+                chat_fraction: float = 0.0, code_source: str = "stdlib", def_fraction: float = 0.0) -> TrainData:
     """`sequences` rows of prompt_len + gen_len tokens, continued by the target: code rows, then chat rows."""
     return target_rows(target, target_path, sequences=sequences, prompt_len=prompt_len, gen_len=gen_len,
                        greedy_fraction=greedy_fraction, temperature=temperature, seed=seed, heldout=heldout,
-                       chat_fraction=chat_fraction)[0]
+                       chat_fraction=chat_fraction, code_source=code_source, def_fraction=def_fraction)[0]
 
 
 def target_rows(target: LeanModel, target_path: Path, *, sequences: int, prompt_len: int, gen_len: int,
                 greedy_fraction: float, temperature: float, seed: int, heldout: bool,
-                chat_fraction: float = 0.0) -> tuple[TrainData, list[int]]:
+                chat_fraction: float = 0.0, code_source: str = "stdlib",
+                def_fraction: float = 0.0) -> tuple[TrainData, list[int]]:
     """`target_data`, and each row's own prompt length (a chat prompt is shorter than `prompt_len`)."""
     n_chat = round(chat_fraction * sequences)
     rows, starts = [], []
     if n_chat < sequences:
         rows.append(_continue(target, code_prompts(target_path, count=sequences - n_chat, length=prompt_len,
-                                                   seed=seed, heldout=heldout), gen_len, greedy_fraction,
+                                                   seed=seed, heldout=heldout, source=code_source,
+                                                   def_fraction=def_fraction), gen_len, greedy_fraction,
                               temperature, seed))
         starts += [prompt_len] * (sequences - n_chat)
     if n_chat:

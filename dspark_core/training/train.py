@@ -17,7 +17,6 @@ Checkpoints (weights + optimiser + step + data) go to `out/train_state.pt`; a re
 from __future__ import annotations
 
 import math
-import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -316,26 +315,3 @@ def evaluate_acceptance(model: DSparkDraftModel, target: LeanModel, data: TrainD
         hits += (logits.argmax(-1) == best_t).float().sum(dim=(0, 1)).cpu()
         total += b * a
     return (hits / max(total, 1)).tolist()
-
-
-def stdlib_prompts(tokenizer_encode: Callable[[str], list[int]], files: list[Path], count: int, length: int,
-                   seed: int) -> torch.Tensor:
-    """`count` windows of `length` tokens from random files (a file too short is skipped) -> [count, length]."""
-    rng = random.Random(seed)
-    out: list[list[int]] = []
-    tries = 0
-    while len(out) < count and tries < count * 20:
-        tries += 1
-        path = rng.choice(files)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        ids = tokenizer_encode(text)
-        if len(ids) < length + 1:
-            continue
-        i = rng.randrange(0, len(ids) - length)
-        out.append(ids[i:i + length])
-    if len(out) < count:
-        raise ValueError(f"found only {len(out)} prompt windows of {length} tokens in {len(files)} files")
-    return torch.tensor(out)

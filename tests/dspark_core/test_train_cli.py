@@ -16,6 +16,7 @@ from dspark_core.modeling.arch import ArchConfig
 from dspark_core.modeling.checkpoint import load_model, save_model
 from dspark_core.modeling.model import LeanModel
 from dspark_core.training.build_tiny import stdlib_sources, train_tokenizer
+from dspark_core.training.train import load_state
 from dspark_core.verification.calibrate import StsCalibration
 
 
@@ -74,8 +75,24 @@ def test_train_then_calibrate(target_dir, tmp_path) -> None:
     assert "prompt_anchors True (now False), kl 1.0 (now 0.0)" in str(res.exception)
 
 
+def test_code_from_installed_packages_ending_at_def_lines(target_dir, tmp_path) -> None:
+    runner = CliRunner()
+    state = tmp_path / "state"
+    res = runner.invoke(_app(), ["train-drafter", "--head", "none", "--target", str(target_dir), "--out",
+                                 str(tmp_path / "d"), "--state-dir", str(state), "--steps", "2", "--block-size", "4",
+                                 "--layers", "1", "--batch-seqs", "4", "--anchors", "2", "--sequences", "8",
+                                 "--prompt-len", "8", "--gen-len", "8", "--code-source", "site", "--def-fraction",
+                                 "0.5", "--json"])
+    assert res.exit_code == 0, res.output
+    meta = load_state(state / "train_data.pt")["meta"]
+    assert meta["code_source"] == "site" and meta["def_fraction"] == 0.5  # a cache of another recipe is not reused
+
+
 def test_bad_options_are_user_errors(target_dir, tmp_path) -> None:
     runner = CliRunner()
+    res = runner.invoke(_app(), ["train-drafter", "--code-source", "github", "--target", str(target_dir),
+                                 "--out", str(tmp_path / "x")])
+    assert isinstance(res.exception, DSparkError) and "--code-source 'github'" in str(res.exception)
     res = runner.invoke(_app(), ["train-drafter", "--head", "lstm", "--target", str(target_dir),
                                  "--out", str(tmp_path / "x")])
     assert isinstance(res.exception, DSparkError) and "lstm" in str(res.exception)
