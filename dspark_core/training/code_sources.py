@@ -31,12 +31,11 @@ def _site_heldout(rel: str) -> bool:
 
 
 def site_sources(heldout: bool) -> dict[str, list[Path]]:
-    """Package -> its sorted `.py` files in site-packages (outside the standard library and BENCH_PACKAGES), the
+    """Package -> its sorted `.py` files in site-packages (outside BENCH_PACKAGES and private `_` folders), the
     training split (heldout=False) or the held-out ~2 % (heldout=True, by a hash of the path under site-packages)."""
     site = Path(sysconfig.get_paths()["purelib"])
-    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
     out: dict[str, list[Path]] = {}
-    if not site.is_dir() or site.resolve() == stdlib:
+    if not site.is_dir():
         return out
     for pkg in sorted(p for p in site.iterdir() if p.is_dir() and p.name.isidentifier()):
         if pkg.name in BENCH_PACKAGES or pkg.name.startswith("_"):
