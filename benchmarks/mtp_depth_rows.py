@@ -7,7 +7,9 @@ grows faster than its round: speedup = tau / (round / plain step). This prints, 
   - predicted: speedup (`estimate`, as bench_spec_published.py prices the row) and the round's parts
     (tuner.methods.round_cost: verify forward, MTP draft steps, fitted per-round constants);
   - the verify forward's MoE op at K+1 tokens from AIC's measured tables, TRT-LLM's (what prices the row) and
-    SGLang's, with its step from the depth before: the term whose unevenness decides the ranking.
+    SGLang's, with its step from the depth before: the term whose unevenness decides the ranking;
+  - the token counts AIC's MoE table measured (the rest it interpolates), and the best depth under each MoE
+    layout the blog's 8 GPUs could have run (EP 1, 2, 4, 8; the sweep's own is not stated), by tau / round.
 
     python benchmarks/mtp_depth_rows.py [--json] [--write]
 """
@@ -55,6 +57,15 @@ def run() -> dict[str, Any]:
         ops = perf[engine].aic.decode_ops(tokens, 1, CONTEXT)
         return sum(ms for name, ms in ops if "moe" in name)
 
+    def layout_best(ep: int) -> dict[str, Any]:
+        from dataclasses import replace
+
+        p = aic_perf(replace(base, ep=ep), profile, "trtllm")[0]
+        one = round_cost(p, costs, Drafting(method="none"), 1, 0, CONTEXT).seconds
+        gain = {int(r["steps"]): r["measured"]["acceptance_length"] * one /
+                round_cost(p, costs, Drafting(method="mtp"), 1, int(r["steps"]), CONTEXT).seconds for r in sweep}
+        return {"ep": ep, "best": max(gain, key=gain.__getitem__), "speedup": {k: round(v, 3) for k, v in gain.items()}}
+
     out = []
     for r in sweep:
         k, m = int(r["steps"]), r["measured"]
@@ -67,7 +78,23 @@ def run() -> dict[str, Any]:
                     "moe_trtllm_ms": round(moe_ms("trtllm", k + 1), 3),
                     "moe_sglang_ms": round(moe_ms("sglang", k + 1), 3)})
     return {"plain_ms": round(plain * 1e3, 3), "cost": perf["trtllm"].cost_source, "depths": out,
-            "moe_1_token": {e: round(moe_ms(e, 1), 3) for e in perf}}
+            "moe_1_token": {e: round(moe_ms(e, 1), 3) for e in perf},
+            "moe_tokens_measured": _measured_tokens(perf["trtllm"].cost_source),
+            "layouts": [layout_best(ep) for ep in (1, 2, 4, 8)]}
+
+
+def _measured_tokens(source: str) -> list[int]:
+    """The token counts up to 16 that AIC's MoE table for `source` (aic:SYSTEM/BACKEND/VERSION) timed DeepSeek's
+    MoE (7168 hidden, 2048 expert width, 256 experts, top-8) at, in any layout and dtype."""
+    import aiconfigurator_core
+    import pandas as pd
+
+    system, backend, version = source.split(":", 1)[1].split("/")[:3]
+    path = Path(aiconfigurator_core.__file__).parent / "systems" / "data" / system / "moe" / backend / version
+    d = pd.read_parquet(path / "moe_perf.parquet", columns=["num_tokens", "hidden_size", "inter_size", "num_experts",
+                                                           "topk"])
+    d = d[(d.hidden_size == 7168) & (d.inter_size == 2048) & (d.num_experts == 256) & (d.topk == 8)]
+    return sorted(int(t) for t in d.num_tokens.unique() if t <= 16)
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -89,7 +116,12 @@ def markdown(res: dict[str, Any]) -> str:
         prev = d
     best_m = max(res["depths"], key=lambda d: d["measured"])["steps"]
     best_p = max(res["depths"], key=lambda d: d["predicted"])["steps"]
-    lines += ["", f"Best depth: measured {best_m}, predicted {best_p}."]
+    lines += ["", f"Best depth: measured {best_m}, predicted {best_p}.", "",
+              "AIC's MoE table times this MoE at " + ", ".join(map(str, res["moe_tokens_measured"])) + " tokens; the "
+              "verify forward's other counts are interpolated. Best depth by tau / round under each MoE layout of "
+              "the 8 GPUs (the sweep's is not stated): " + "; ".join(
+                  f"EP {lay['ep']}: {lay['best']} (" + ", ".join(f"{v:.2f}x" for v in lay["speedup"].values()) + ")"
+                  for lay in res["layouts"]) + "."]
     return "\n".join(lines)
 
 

@@ -216,11 +216,22 @@ def train_drafter_cmd(
                 progress.console.print(f"target continuations: {sequences} rows of {prompt_len} + {gen_len} tokens "
                                        f"(chat share {chat_fraction}, code from {code_source}, def-ending share "
                                        f"{def_fraction}), then the target's states")
-            task = progress.add_task("target continuations", total=1, loss=float("nan"), acc=float("nan"))
+            task = progress.add_task("target continuations", total=sequences, loss=float("nan"), acc=float("nan"))
+            started, written = time.time(), [0]
+
+            def on_rows(n: int) -> None:
+                progress.update(task, advance=n)
+                written[0] += n
+                if not progress.console.is_terminal:  # a visible trail in logs: the bar is not drawn there
+                    done = written[0]
+                    left = (time.time() - started) / done * (sequences - done)
+                    progress.console.print(f"target continuations: {done}/{sequences} rows, about "
+                                           f"{left / 60:.0f} min left")
+
             data = target_data(tgt, target, sequences=sequences, prompt_len=prompt_len, gen_len=gen_len,
                                greedy_fraction=greedy_fraction, temperature=temperature, seed=seed, heldout=False,
-                               chat_fraction=chat_fraction, code_source=code_source, def_fraction=def_fraction)
-            progress.update(task, advance=1)
+                               chat_fraction=chat_fraction, code_source=code_source, def_fraction=def_fraction,
+                               on_rows=on_rows)
             task = progress.add_task("target states", total=data.tokens.shape[0], loss=float("nan"), acc=float("nan"))
             data = cache_target(tgt, data, layers, on_batch=lambda n: progress.update(task, advance=n))
             atomic_write(data_file, lambda tmp: torch.save({"meta": meta, "data": data}, tmp))

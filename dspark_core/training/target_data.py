@@ -10,6 +10,7 @@ prompt anchors).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,8 +40,9 @@ def code_prompts(target_path: Path, *, count: int, length: int, seed: int, heldo
 
 
 def _continue(target: LeanModel, prompts: torch.Tensor, new_tokens: int, greedy_fraction: float,
-              temperature: float, seed: int) -> torch.Tensor:
-    """[S, P] -> [S, P + new_tokens], CHUNK rows at a time; the first greedy_fraction of the rows greedy."""
+              temperature: float, seed: int, on_rows: Callable[[int], None] | None = None) -> torch.Tensor:
+    """[S, P] -> [S, P + new_tokens], CHUNK rows at a time; the first greedy_fraction of the rows greedy.
+    `on_rows(n)` after each chunk (a progress bar)."""
     s = prompts.shape[0]
     greedy = round(greedy_fraction * s)
     chunks = []
@@ -49,30 +51,35 @@ def _continue(target: LeanModel, prompts: torch.Tensor, new_tokens: int, greedy_
         rows = min(part.shape[0], max(0, greedy - start))
         chunks.append(generate_continuations(target, part, new_tokens, temperature=temperature, greedy_rows=rows,
                                              seed=seed + start).cpu())
+        if on_rows:
+            on_rows(part.shape[0])
     return torch.cat(chunks)
 
 
 def target_data(target: LeanModel, target_path: Path, *, sequences: int, prompt_len: int, gen_len: int,
                 greedy_fraction: float, temperature: float, seed: int, heldout: bool,
-                chat_fraction: float = 0.0, code_source: str = "stdlib", def_fraction: float = 0.0) -> TrainData:
+                chat_fraction: float = 0.0, code_source: str = "stdlib", def_fraction: float = 0.0,
+                on_rows: Callable[[int], None] | None = None) -> TrainData:
     """`sequences` rows of prompt_len + gen_len tokens, continued by the target: code rows, then chat rows."""
     return target_rows(target, target_path, sequences=sequences, prompt_len=prompt_len, gen_len=gen_len,
                        greedy_fraction=greedy_fraction, temperature=temperature, seed=seed, heldout=heldout,
-                       chat_fraction=chat_fraction, code_source=code_source, def_fraction=def_fraction)[0]
+                       chat_fraction=chat_fraction, code_source=code_source, def_fraction=def_fraction,
+                       on_rows=on_rows)[0]
 
 
 def target_rows(target: LeanModel, target_path: Path, *, sequences: int, prompt_len: int, gen_len: int,
                 greedy_fraction: float, temperature: float, seed: int, heldout: bool,
-                chat_fraction: float = 0.0, code_source: str = "stdlib",
-                def_fraction: float = 0.0) -> tuple[TrainData, list[int]]:
-    """`target_data`, and each row's own prompt length (a chat prompt is shorter than `prompt_len`)."""
+                chat_fraction: float = 0.0, code_source: str = "stdlib", def_fraction: float = 0.0,
+                on_rows: Callable[[int], None] | None = None) -> tuple[TrainData, list[int]]:
+    """`target_data`, and each row's own prompt length (a chat prompt is shorter than `prompt_len`); `on_rows(n)`
+    as each chunk of n rows is written."""
     n_chat = round(chat_fraction * sequences)
     rows, starts = [], []
     if n_chat < sequences:
         rows.append(_continue(target, code_prompts(target_path, count=sequences - n_chat, length=prompt_len,
                                                    seed=seed, heldout=heldout, source=code_source,
                                                    def_fraction=def_fraction), gen_len, greedy_fraction,
-                              temperature, seed))
+                              temperature, seed, on_rows))
         starts += [prompt_len] * (sequences - n_chat)
     if n_chat:
         from dspark_core.modeling.tokenizer import Tokenizer
@@ -84,6 +91,6 @@ def target_rows(target: LeanModel, target_path: Path, *, sequences: int, prompt_
             by_len[len(p)].append(p)
         for n, group in sorted(by_len.items()):
             rows.append(_continue(target, torch.tensor(group), prompt_len + gen_len - n, greedy_fraction, temperature,
-                                  seed + 7919 * n))
+                                  seed + 7919 * n, on_rows))
             starts += [n] * len(group)
     return TrainData(tokens=torch.cat(rows), prompt_len=prompt_len), starts
