@@ -248,8 +248,9 @@ def train_drafter_cmd(
 
         curve = TrainingCurve(work / CURVE_FILE, held, tgt, cfg.block_size, progress.console.print)
         deadline = time.time() + 60 * max_minutes if max_minutes > 0 else None
+        recipe = {k: v for k, v in meta.items() if k not in ("target", "layers")}  # no local path in a config
         model = train_drafter(tgt, data, cfg, folder, on_step=on_step, state_dir=work, deadline=deadline,
-                              on_eval=curve.point, eval_every=eval_every)
+                              on_eval=curve.point, eval_every=eval_every, data_recipe=recipe)
     acc = evaluate_acceptance(model, tgt, held["code"])
     params = sum(p.numel() for p in model.parameters())
     done = int(load_state(state_file)["step"]) if state_file.is_file() else steps

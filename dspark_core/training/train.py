@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -221,11 +221,13 @@ def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Pat
                   on_step: Callable[[int, dict[str, float]], None] | None = None,
                   state_dir: Path | None = None, deadline: float | None = None,
                   on_eval: Callable[[int, DSparkDraftModel], None] | None = None,
-                  eval_every: int = 0) -> DSparkDraftModel:
+                  eval_every: int = 0, data_recipe: dict[str, Any] | None = None) -> DSparkDraftModel:
     """Train (or resume) a drafter; the final drafter (fp16) goes to `out`, resumable checkpoints to
     `state_dir` (default `out`). With `deadline` (a time.time() value) training stops after the step that
     crosses it, checkpoints, and saves the drafter as it is (a rerun continues the schedule). `on_eval(step,
-    model)` runs every `eval_every` steps (the model in eval mode): the training curve."""
+    model)` runs every `eval_every` steps (the model in eval mode): the training curve. `data_recipe`: how `data`
+    was made (the drafter's config.json records it, with the step this run resumed at: a later leg may train on
+    other data)."""
     out.mkdir(parents=True, exist_ok=True)
     state_dir = state_dir or out
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -286,6 +288,8 @@ def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Pat
             break
     model.eval()
     model.cfg.extra.update({"train": asdict(cfg), "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    if data_recipe is not None:
+        model.cfg.extra["data"] = data_recipe | ({"resumed_at_step": start} if start else {})
     save_drafter(model, out, target_layers=target.arch.num_hidden_layers,
                  max_positions=target.arch.max_position_embeddings)
     return model

@@ -87,6 +87,8 @@ def test_code_from_installed_packages_ending_at_def_lines(target_dir, tmp_path) 
     meta = load_state(state / "train_data.pt")["meta"]
     assert meta["code_source"] == "site" and meta["def_fraction"] == 0.5  # a cache of another recipe is not reused
     assert "target continuations: 8/8 rows" in res.stderr  # the long pass leaves a progress trail in logs
+    recipe = json.loads((tmp_path / "d" / "config.json").read_text())["dspark_tune"]["extra"]["data"]
+    assert recipe["code_source"] == "site" and recipe["sequences"] == 8 and "target" not in recipe  # reproducible
 
 
 def test_bad_options_are_user_errors(target_dir, tmp_path) -> None:
