@@ -223,9 +223,8 @@ def train_drafter_cmd(
                 progress.update(task, advance=n)
                 written[0] += n
                 if not progress.console.is_terminal:  # a visible trail in logs: the bar is not drawn there
-                    done = written[0]
-                    left = (time.time() - started) / done * (sequences - done)
-                    progress.console.print(f"target continuations: {done}/{sequences} rows, about "
+                    left = (time.time() - started) / written[0] * (sequences - written[0])
+                    progress.console.print(f"target continuations: {written[0]}/{sequences} rows, about "
                                            f"{left / 60:.0f} min left")
 
             data = target_data(tgt, target, sequences=sequences, prompt_len=prompt_len, gen_len=gen_len,

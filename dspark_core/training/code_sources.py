@@ -14,10 +14,12 @@ import random
 import sysconfig
 from collections.abc import Callable
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from dspark_core.errors import DSparkError
+
+if TYPE_CHECKING:  # torch only where windows are built: the package lists are read without it
+    import torch
 
 BENCH_PACKAGES = ("click", "jinja2", "rich", "typer", "alembic", "mako", "markdown_it", "annotated_types", "h11",
                   "filelock", "colorlog", "iniconfig")  # the held-out benchmark's sources: never trained on
@@ -70,6 +72,8 @@ def code_windows(encode: Callable[[str], list[int]], groups: dict[str, list[Path
                  seed: int, def_fraction: float) -> torch.Tensor:
     """`count` windows of `length` tokens -> [count, length]: a random group, a random file, then a random window,
     or (for the first `def_fraction` of the rows) the `length` tokens up to the end of a random `def` line."""
+    import torch
+
     if not groups:
         raise DSparkError("no code sources found to build prompts from; is this a full Python install?")
     rng = random.Random(seed)

@@ -226,8 +226,8 @@ def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Pat
     `state_dir` (default `out`). With `deadline` (a time.time() value) training stops after the step that
     crosses it, checkpoints, and saves the drafter as it is (a rerun continues the schedule). `on_eval(step,
     model)` runs every `eval_every` steps (the model in eval mode): the training curve. `data_recipe`: how `data`
-    was made (the drafter's config.json records it, with the step this run resumed at: a later leg may train on
-    other data)."""
+    was made; the checkpoint keeps one entry per recipe trained on, from the step it began (a resumed run may
+    train on other data), and the drafter's config.json records them."""
     out.mkdir(parents=True, exist_ok=True)
     state_dir = state_dir or out
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -237,6 +237,7 @@ def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Pat
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
     start = 0
+    legs: list[dict[str, Any]] = []  # {"from_step", "recipe"} per data recipe trained on, in order
     gen = torch.Generator().manual_seed(cfg.seed)
     state_path = state_dir / STATE_FILE
     if state_path.is_file():
@@ -244,7 +245,10 @@ def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Pat
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         start = int(state["step"])
+        legs = list(state.get("data_legs", []))
         gen.set_state(state["generator"])
+    if data_recipe is not None and (not legs or legs[-1]["recipe"] != data_recipe):
+        legs.append({"from_step": start, "recipe": data_recipe})
     g = cfg.block_size
     n_seq, t = data.tokens.shape
     lo, hi = 1 if cfg.prompt_anchors else max(1, data.prompt_len - 1), t - 1 - g
@@ -279,7 +283,7 @@ def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Pat
         late = deadline is not None and time.time() > deadline
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps or late:
             _save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
-                          "generator": gen.get_state(), "config": asdict(cfg)}, state_path)
+                          "generator": gen.get_state(), "config": asdict(cfg), "data_legs": legs}, state_path)
         if on_eval and eval_every and (step + 1) % eval_every == 0:
             model.eval()
             on_eval(step + 1, model)
@@ -288,8 +292,8 @@ def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Pat
             break
     model.eval()
     model.cfg.extra.update({"train": asdict(cfg), "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    if data_recipe is not None:
-        model.cfg.extra["data"] = data_recipe | ({"resumed_at_step": start} if start else {})
+    if legs:
+        model.cfg.extra["data"] = legs
     save_drafter(model, out, target_layers=target.arch.num_hidden_layers,
                  max_positions=target.arch.max_position_embeddings)
     return model

@@ -87,8 +87,17 @@ def test_code_from_installed_packages_ending_at_def_lines(target_dir, tmp_path) 
     meta = load_state(state / "train_data.pt")["meta"]
     assert meta["code_source"] == "site" and meta["def_fraction"] == 0.5  # a cache of another recipe is not reused
     assert "target continuations: 8/8 rows" in res.stderr  # the long pass leaves a progress trail in logs
-    recipe = json.loads((tmp_path / "d" / "config.json").read_text())["dspark_tune"]["extra"]["data"]
+    legs = json.loads((tmp_path / "d" / "config.json").read_text())["dspark_tune"]["extra"]["data"]
+    recipe = legs[0]["recipe"]
     assert recipe["code_source"] == "site" and recipe["sequences"] == 8 and "target" not in recipe  # reproducible
+    # resumed on other data: the config names both recipes and the step the second began at
+    res = runner.invoke(_app(), ["train-drafter", "--head", "none", "--target", str(target_dir), "--out",
+                                 str(tmp_path / "d"), "--state-dir", str(state), "--steps", "3", "--block-size", "4",
+                                 "--layers", "1", "--batch-seqs", "4", "--anchors", "2", "--sequences", "8",
+                                 "--prompt-len", "8", "--gen-len", "8", "--json"])
+    assert res.exit_code == 0, res.output
+    legs = json.loads((tmp_path / "d" / "config.json").read_text())["dspark_tune"]["extra"]["data"]
+    assert [leg["from_step"] for leg in legs] == [0, 2] and "code_source" not in legs[1]["recipe"]
 
 
 def test_bad_options_are_user_errors(target_dir, tmp_path) -> None:
