@@ -49,7 +49,7 @@ def _register() -> None:
                    "tuner.commands_estimate",
                    "dspark_core.cli.commands", "dspark_core.cli.commands_dspark", "dspark_core.cli.commands_models",
                    "dspark_core.cli.commands_ar", "dspark_core.cli.commands_suffix", "dspark_core.cli.commands_policy",
-                   "dspark_core.cli.commands_serve",
+                   "dspark_core.cli.commands_serve", "dspark_core.cli.commands_vocab",
                    "live.commands"):
         try:
             mod = __import__(module, fromlist=["register"])

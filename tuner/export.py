@@ -80,6 +80,7 @@ def _ship_drafter(src: Path, dst: Path, evaluator) -> None:
     with its STS calibration, and check the copy loads in the bundled engine."""
     import shutil
 
+    from dspark_core.drafters.draft_vocab import VOCAB_FILE
     from dspark_core.drafters.dspark_layout import (
         ENGINE_CONFIG,
         WEIGHTS_FILE,
@@ -98,8 +99,9 @@ def _ship_drafter(src: Path, dst: Path, evaluator) -> None:
             target = evaluator.target
             save_drafter(load_drafter(src, target), dst, target_layers=target.arch.num_hidden_layers,
                          max_positions=target.arch.max_position_embeddings)
-        if (src / "sts.json").is_file():
-            shutil.copy2(src / "sts.json", dst / "sts.json")
+        for name in ("sts.json", VOCAB_FILE):  # its calibration, and the reduced draft vocabulary the trials ran
+            if (src / name).is_file():
+                shutil.copy2(src / name, dst / name)
         load_drafter(dst, evaluator.target)
     except DSparkError as e:
         raise TunerError(f"cannot ship the measured drafter {src} in the engines' layout: {e}") from None

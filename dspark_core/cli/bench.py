@@ -7,7 +7,9 @@ drafters by name: `dflash` (head none), `dspark_markov`, `dspark_rnn` (and `hybr
 `hybrid_rnn`: the same drafter or suffix decoding, per request and round), with an optional `/scheduler` suffix
 (`dspark_markov/prefix`) and an optional `@block` suffix: a static block length (`dspark_markov@4`) or the learned
 block-length policy (`dspark_markov/prefix@learned`, spec.gamma_policy_path from --config) or its logging mode
-(`@explore`: a random block per round). Rows follow DESIGN.md section 3.
+(`@explore`: a random block per round), and last an optional `%N` on DSpark and hybrid methods: drafting over the
+N most frequent target tokens plus the context's (`drafter.draft_vocab`; `%0` the whole vocabulary, as before the
+reduced one). Rows follow DESIGN.md section 3.
 """
 
 from __future__ import annotations
@@ -35,7 +37,12 @@ SCHEDULERS = ("verify_all", "threshold", "prefix", "async_topk", "learned")  # v
 
 def method_params(name: str, config: EngineConfig) -> dict[str, Any]:
     """Engine parameters of an engine-backed method name; DSparkError for an unknown one."""
-    rest, _, gamma = name.partition("@")
+    named, _, vocab = name.partition("%")
+    rest, _, gamma = named.partition("@")
+    if vocab and not (vocab.isdigit() and int(vocab) <= 1 << 20):
+        raise DSparkError(f"method {name!r}: draft-vocabulary suffix {vocab!r} must be a token count (0 = all)")
+    if vocab and rest.partition("/")[0] not in (*HEADS, *HYBRIDS):
+        raise DSparkError(f"method {name!r}: a %draft-vocabulary suffix applies to DSpark and hybrid methods")
     base, _, sched = rest.partition("/")
     if gamma and gamma not in ("learned", "explore") and not (gamma.isdigit() and 1 <= int(gamma) <= 16):
         raise DSparkError(f"method {name!r}: block suffix {gamma!r} must be 1..16, 'learned' or 'explore'")
@@ -58,6 +65,8 @@ def method_params(name: str, config: EngineConfig) -> dict[str, Any]:
         raise DSparkError(f"unknown bench method {name!r}; choose from {known} (DSpark ones may add /scheduler)")
     if sched:
         params["spec.scheduler"] = sched
+    if vocab:
+        params["drafter.draft_vocab"] = int(vocab)
     if gamma in ("learned", "explore"):
         params["spec.gamma_policy"] = gamma
     elif gamma:

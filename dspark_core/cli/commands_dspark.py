@@ -250,6 +250,9 @@ def train_drafter_cmd(
         recipe = {k: v for k, v in meta.items() if k not in ("target", "layers")}  # no local path in a config
         model = train_drafter(tgt, data, cfg, folder, on_step=on_step, state_dir=work, deadline=deadline,
                               on_eval=curve.point, eval_every=eval_every, data_recipe=recipe)
+    from dspark_core.cli.commands_vocab import write_ranking
+
+    write_ranking(folder, data.tokens, data.prompt_len, model.cfg.vocab_size, meta)  # its reduced draft vocabulary
     acc = evaluate_acceptance(model, tgt, held["code"])
     params = sum(p.numel() for p in model.parameters())
     done = int(load_state(state_file)["step"]) if state_file.is_file() else steps

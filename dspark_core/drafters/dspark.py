@@ -30,8 +30,7 @@ from dspark_core.modeling.model import RMSNorm, apply_rope, attend, rope_inv_fre
 from dspark_core.verification.sampling import SamplingParams, sampling_probs
 
 if TYPE_CHECKING:
-    pass
-
+    from dspark_core.drafters.draft_vocab import Columns
 
 
 @dataclass
@@ -240,28 +239,30 @@ class DSparkDraftModel(nn.Module):
         return torch.cat([a, m], dim=-2)
 
     def backbone(self, x: torch.Tensor, pos: torch.Tensor, ctx: list[tuple[torch.Tensor, torch.Tensor]],
-                 mask: torch.Tensor, keep: int | None = None) -> BlockOut:
+                 mask: torch.Tensor, keep: int | None = None, cols: Columns | None = None) -> BlockOut:
         """x [B, Q, H] block inputs at positions pos [B, Q]; ctx per layer; mask [B, 1, Q, Lc + Q].
         `keep`: only the first `keep` positions go through the final norm and LM head (the rest still shape
-        the others' states through bidirectional attention, but nobody samples from them)."""
+        the others' states through bidirectional attention, but nobody samples from them). `cols`: logits over
+        those columns only (a reduced draft vocabulary, drafters/draft_vocab.py), else over the vocabulary."""
         cos, sin = self.rope(pos)
         for layer, (ck, cv) in zip(self.layers, ctx, strict=True):
             x = layer(x, cos, sin, ck, cv, mask)
         h = self.norm(x if keep is None else x[:, :keep])
-        return BlockOut(base_logits=self.lm_head(h.to(self.embed.weight.dtype)).float(), hidden=h)
+        hh = h.to(self.embed.weight.dtype)
+        return BlockOut(base_logits=(self.lm_head(hh) if cols is None else cols.logits(hh)).float(), hidden=h)
 
     def forward_blocks(self, anchors: torch.Tensor, anchor_pos: torch.Tensor,
                        ctx: list[tuple[torch.Tensor, torch.Tensor]], ctx_valid: torch.Tensor,
-                       g: int, keep: int | None = None) -> BlockOut:
+                       g: int, keep: int | None = None, cols: Columns | None = None) -> BlockOut:
         """One block per row (inference). anchors / anchor_pos [B]; ctx per layer [B, Lc, nkv, hd];
-        ctx_valid [B, Lc] bool (False = padding) -> U [B, keep or g, V], h [B, keep or g, H]: a block of g
-        slots, of which the first `keep` are drafted from."""
+        ctx_valid [B, Lc] bool (False = padding) -> U [B, keep or g, V or M columns], h [B, keep or g, H]: a
+        block of g slots, of which the first `keep` are drafted from."""
         b = anchors.shape[0]
         x = self.block_inputs(anchors, g)  # [B, g, H]
         pos = anchor_pos[:, None] + torch.arange(g, device=anchor_pos.device)[None]  # [B, g]
         block = torch.ones(b, g, g, dtype=torch.bool, device=ctx_valid.device)
         mask = torch.cat([ctx_valid[:, None, :].expand(b, g, -1), block], dim=-1)[:, None]  # [B,1,g,Lc+g]
-        return self.backbone(x, pos, ctx, mask, keep)
+        return self.backbone(x, pos, ctx, mask, keep, cols)
 
     def forward_packed(self, tokens: torch.Tensor, target_hidden: torch.Tensor, anchors: torch.Tensor
                        ) -> BlockOut:
@@ -304,42 +305,49 @@ class DSparkDraftModel(nn.Module):
     @torch.no_grad()
     def draft(self, block: BlockOut, anchors: torch.Tensor, sampling: list[SamplingParams],
               generators: list[torch.Generator | None] | None = None, g: int | None = None,
-              entropy: bool = False) -> DraftOut:
+              entropy: bool = False, cols: Columns | None = None) -> DraftOut:
         """Left-to-right sampling of the block with the sequential bias (inference).
 
         block: U [B, G', V], h [B, G', H] from one backbone forward; anchors [B] long; sampling[b] the
         request's transform (greedy = argmax); g <= G' positions to draft. Position k samples from
         sampling_probs(U_k + B_k(x_{k-1}, state)) and the confidence head sees h_k and W1[x_{k-1}].
         `entropy`: also return the entropy of softmax(U_k + B_k) per position (the learned scheduler's feature;
-        like the confidence, it is known before x_k is drawn).
+        like the confidence, it is known before x_k is drawn). `cols`: U is over those columns (the block was
+        computed with them) and so is the bias; tokens and `probs` come back as vocabulary ids / rows.
         """
         b = anchors.shape[0]
         g = block.base_logits.shape[1] if g is None else g
         gens = generators or [None] * b
         greedy = [s.greedy for s in sampling]
         tokens = torch.zeros(b, g, dtype=torch.long, device=anchors.device)
-        probs = None if all(greedy) else torch.zeros(b, g, block.base_logits.shape[-1])
+        probs = None if all(greedy) else torch.zeros(b, g, self.cfg.vocab_size)
+        ids = None if cols is None else cols.ids.to(anchors.device)  # column -> token id
         prev, state = anchors, self.head.init_state(b, block.hidden)
         embedded = []  # W1[x_{k-1}] per position: the confidence head runs once on all of them below
         ent = torch.zeros(b, g) if entropy else None
         for k in range(g):
             h = block.hidden[:, k]
-            bias, state, e = self.head.step(prev, h, state)
+            bias, state, e = self.head.step(prev, h, state, cols)
             embedded.append(e)
-            logits = block.base_logits[:, k] + (bias.float() if bias is not None else 0.0)  # [B, V]
-            nxt = logits.argmax(-1)
+            logits = block.base_logits[:, k] + (bias.float() if bias is not None else 0.0)  # [B, V or M]
+            col = logits.argmax(-1)
             if ent is not None:
                 logp = logits.float().log_softmax(-1)
                 ent[:, k] = -(logp.exp() * logp).sum(-1).cpu()
             for i in range(b if probs is not None else 0):  # any sampled row (all-greedy: argmax is it)
                 if greedy[i]:
-                    if probs is not None:
-                        probs[i, k, int(nxt[i])] = 1.0
                     continue
                 q = sampling_probs(logits[i], sampling[i]).cpu()
                 assert probs is not None
-                probs[i, k] = q
-                nxt[i] = int(torch.multinomial(q, 1, generator=gens[i]))
+                if ids is None:
+                    probs[i, k] = q
+                else:
+                    probs[i, k, ids.cpu()] = q  # the proposal lives on the columns, zero elsewhere
+                col[i] = int(torch.multinomial(q, 1, generator=gens[i]))
+            nxt = col if ids is None else ids[col]
+            for i in range(b if probs is not None else 0):
+                if greedy[i]:
+                    probs[i, k, int(nxt[i])] = 1.0  # type: ignore[index]
             tokens[:, k] = nxt
             prev = nxt
         conf = self.confidence(block.hidden[:, :g], torch.stack(embedded, dim=1)).float()  # [B, g]

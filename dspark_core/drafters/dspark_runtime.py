@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult
+from dspark_core.drafters.draft_vocab import DraftVocab, build_vocab
 from dspark_core.drafters.dspark import DSparkDraftModel
 from dspark_core.drafters.dspark_layout import is_drafter, load_drafter, read_drafter_config
 from dspark_core.errors import DSparkError
@@ -34,8 +35,10 @@ METHOD_NAMES = {"none": "dflash", "markov": "dspark_markov", "rnn": "dspark_rnn"
 class DSparkDrafter(Drafter):
     """Semi-autoregressive drafting with confidences; one backbone forward per round for the batch."""
 
-    def __init__(self, model: DSparkDraftModel, sts: StsCalibration | None = None) -> None:
+    def __init__(self, model: DSparkDraftModel, sts: StsCalibration | None = None, vocab: DraftVocab | None = None
+                 ) -> None:
         self.model = model
+        self.vocab = vocab  # a reduced draft vocabulary (drafters/draft_vocab.py); None = the whole vocabulary
         self.name = METHOD_NAMES[model.cfg.head]
         self.hidden_layers = tuple(model.cfg.target_layers)
         self.sts = sts
@@ -81,6 +84,8 @@ class DSparkDrafter(Drafter):
         if hidden is None:
             raise DSparkError("the DSpark drafter needs target hidden states; the engine did not pass them")
         self._write(slot, 0, self._kv(hidden, torch.arange(hidden.shape[0])))
+        if self.vocab is not None:
+            self.vocab.forget(slot)
 
     def context_len(self, slot: int) -> int:
         """Committed positions (all tokens but the anchor) held for `slot`."""
@@ -125,9 +130,12 @@ class DSparkDrafter(Drafter):
         valid = torch.arange(lmax, device=dev)[None] < torch.tensor(lens, device=dev)[:, None]
         anchors = torch.tensor([requests[i].tokens[-1] for i in rows], device=dev)
         g_run = max(self.model.cfg.block_size, g)
-        block = self.model.forward_blocks(anchors, torch.tensor(lens, device=dev), ctx, valid, g_run, keep=g)
+        cols = None if self.vocab is None else self.vocab.columns([(requests[i].slot, requests[i].tokens)
+                                                                     for i in rows])
+        block = self.model.forward_blocks(anchors, torch.tensor(lens, device=dev), ctx, valid, g_run, keep=g,
+                                          cols=cols)
         out = self.model.draft(block, anchors, [requests[i].sampling for i in rows],
-                               [requests[i].generator for i in rows], g=g, entropy=self.want_entropy)
+                               [requests[i].generator for i in rows], g=g, entropy=self.want_entropy, cols=cols)
         tokens[rows] = out.tokens.cpu()
         conf[rows] = self._calibrated(out.confidence_logits.float()).cpu()
         probs = None
@@ -157,6 +165,8 @@ class DSparkDrafter(Drafter):
 
     def release(self, slot: int) -> None:
         self.lens.pop(slot, None)
+        if self.vocab is not None:
+            self.vocab.forget(slot)
 
 
 def drafter_folder(config: EngineConfig) -> Path:
@@ -188,4 +198,8 @@ def build_runtime(config: EngineConfig, target: LeanModel) -> DSparkDrafter:
                           "set spec.head to match or point drafter.path to a matching drafter")
     sts_path = Path(config.spec.sts_path) if config.spec.sts_path else folder / STS_FILE
     sts = StsCalibration.load(sts_path) if (config.spec.sts_path or sts_path.is_file()) else None
-    return DSparkDrafter(model, sts)
+    w2 = model.head.w2.weight if model.head.w2 is not None else None
+    with torch.no_grad():
+        vocab = build_vocab(folder, config.drafter.draft_vocab, model.lm_head.weight.detach(),
+                            None if w2 is None else w2.detach())
+    return DSparkDrafter(model, sts, vocab)

@@ -15,10 +15,13 @@ Each head exposes one `step` (used left to right at inference, and teacher-force
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from dspark_core.drafters.draft_vocab import Columns
 
 HeadKind = Literal["none", "markov", "rnn"]
 HEADS: tuple[str, ...] = ("none", "markov", "rnn")
@@ -55,18 +58,20 @@ class SequentialHead(nn.Module):
         """W1[x_{k-1}]: prev [...] long -> [..., r]."""
         return self.w1(prev)
 
-    def step(self, prev: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None
+    def step(self, prev: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None, cols: Columns | None = None
              ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
-        """One position: prev [B] long, h [B, d] -> (bias [B, V] or None for `none`, new state, W1[prev] [B, r])."""
+        """One position: prev [B] long, h [B, d] -> (bias [B, V] or None for `none`, new state, W1[prev] [B, r]);
+        with `cols` (a reduced draft vocabulary) the bias is [B, M] over its columns."""
         e = self.w1(prev)  # [B, r]
         if self.kind == "none":
             return None, state, e
         assert self.w2 is not None
+        w2 = self.w2 if cols is None else cols.bias
         if self.kind == "markov":
-            return self.w2(e), state, e
+            return w2(e), state, e
         assert state is not None
         new_state, out = self._rnn_update(state, e, h)
-        return self.w2(torch.tanh(out)), new_state, e
+        return w2(torch.tanh(out)), new_state, e
 
     def _rnn_update(self, state: torch.Tensor, e: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """z = [s_{k-1}; W1[x_{k-1}]; h_k] -> (s_k, output pre-activation W_o z), all [B, r]."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import cli
+from dspark_core.errors import DSparkError
 
 
 def write_prompts(path: Path) -> Path:
@@ -66,3 +67,9 @@ def test_method_suffixes_set_the_scheduler_and_the_block() -> None:
                                                             "spec.block_size": 4}
     assert method_params("dflash@learned", cfg)["spec.gamma_policy"] == "learned"
     assert "spec.block_size" not in method_params("dspark_rnn", cfg)
+    assert method_params("hybrid_markov/prefix%0", cfg)["drafter.draft_vocab"] == 0  # the whole vocabulary
+    assert method_params("dspark_markov@4%4096", cfg)["drafter.draft_vocab"] == 4096
+    assert "drafter.draft_vocab" not in method_params("dspark_markov", cfg)  # the drafter's own default
+    for bad, why in (("ngram%0", "DSpark and hybrid"), ("dspark_markov%0/prefix", "token count")):
+        with pytest.raises(DSparkError, match=why):
+            method_params(bad, cfg)
