@@ -166,6 +166,9 @@ def train_drafter_cmd(
         raise DSparkError(f"--out is required for target {target}: committed drafters exist only for the tiny target "
                           "and fetched models")
     folder = out or assets / "drafters" / head  # type: ignore[operator]
+    from dspark_core.drafters.draft_vocab import check_writable
+
+    check_writable(folder)  # its draft vocabulary is written after training: a file in the way fails now, not then
     root = state_dir or train_root(target)
     work = root / head
     work.mkdir(parents=True, exist_ok=True)

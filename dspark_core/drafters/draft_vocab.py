@@ -22,6 +22,7 @@ adds the context's tokens each round, so a request's rare identifiers stay draft
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,18 +64,24 @@ def rank_tokens(tokens: torch.Tensor, prompt_len: int, vocab_size: int) -> tuple
     return ids.tolist(), counts[ids].tolist()
 
 
-def save_vocab(folder: Path, ranking: VocabFile) -> Path:
-    """Write `folder`/draft_vocab.json atomically; refuse to replace a file of that name this tool did not write."""
+def check_writable(folder: Path) -> None:
+    """DSparkError unless `folder`/draft_vocab.json is absent or a ranking this tool wrote (it may be replaced)."""
     path = folder / VOCAB_FILE
-    if path.exists():
+    if path.exists() or path.is_symlink():
         try:
-            ours = json.loads(read_capped(path, FILE_CAP, "a draft vocabulary")).get("format") == FORMAT
+            ours = not path.is_symlink() and \
+                json.loads(read_capped(path, FILE_CAP, "a draft vocabulary")).get("format") == FORMAT
         except (UserFileError, ValueError, AttributeError):
             ours = False
         if not ours:
             raise DSparkError(f"{path} exists and was not written by dspark-tune; move it away to write the draft "
                               "vocabulary there")
-    return atomic_write_text(path, json.dumps(ranking.model_dump()) + "\n")
+
+
+def save_vocab(folder: Path, ranking: VocabFile) -> Path:
+    """Write `folder`/draft_vocab.json atomically; refuse to replace a file of that name this tool did not write."""
+    check_writable(folder)
+    return atomic_write_text(folder / VOCAB_FILE, json.dumps(ranking.model_dump()) + "\n")
 
 
 def load_vocab(path: Path, vocab_size: int) -> VocabFile:
@@ -175,18 +182,20 @@ class DraftVocab:
         return Columns(ids=torch.cat([self.static, more]), lm=[self.lm, self.full_lm[more]], w2=w2)
 
 
-def build_vocab(folder: Path, size: int | None, lm_weight: torch.Tensor, w2_weight: torch.Tensor | None
-                ) -> DraftVocab | None:
+def build_vocab(folder: Path, size: int | None, vocab_size: int,
+                weights: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]) -> DraftVocab | None:
     """The drafter's reduced vocabulary for `drafter.draft_vocab` = `size` (None: DEFAULT_SIZE where the folder has
-    a ranking, else the whole vocabulary; 0: the whole vocabulary), or None for the whole vocabulary."""
+    a ranking, else the whole vocabulary; 0: the whole vocabulary), or None for the whole vocabulary. `weights()`
+    gives the plain LM-head [V, H] and W2 [V, r] rows; it is called only when a reduced vocabulary is built."""
     path = folder / VOCAB_FILE
     if size == 0 or (size is None and not path.is_file()):
         return None
     if not path.is_file():
         raise DSparkError(f"drafter.draft_vocab is {size} but {path} does not exist; write it with `python cli.py "
                           "draft-vocab`, or set drafter.draft_vocab: 0 (the whole vocabulary)")
-    ranking = load_vocab(path, lm_weight.shape[0])
+    ranking = load_vocab(path, vocab_size)
     n = DEFAULT_SIZE if size is None else size
-    if n >= lm_weight.shape[0]:
+    if n >= vocab_size:
         return None
-    return DraftVocab(ranking.tokens[:n], lm_weight, w2_weight)
+    lm, w2 = weights()
+    return DraftVocab(ranking.tokens[:n], lm, w2)

@@ -198,8 +198,12 @@ def build_runtime(config: EngineConfig, target: LeanModel) -> DSparkDrafter:
                           "set spec.head to match or point drafter.path to a matching drafter")
     sts_path = Path(config.spec.sts_path) if config.spec.sts_path else folder / STS_FILE
     sts = StsCalibration.load(sts_path) if (config.spec.sts_path or sts_path.is_file()) else None
-    w2 = model.head.w2.weight if model.head.w2 is not None else None
-    with torch.no_grad():
-        vocab = build_vocab(folder, config.drafter.draft_vocab, model.lm_head.weight.detach(),
-                            None if w2 is None else w2.detach())
-    return DSparkDrafter(model, sts, vocab)
+    def weights() -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Plain LM-head and W2 rows: a tied target's embedding is its LM head, and reading it copies nothing (a
+        CPU engine holds the LM head only in oneDNN's packed layout, whose `weight` unpacks a copy)."""
+        with torch.no_grad():
+            lm = target.embed.weight if target.arch.tie_word_embeddings else model.lm_head.weight
+            w2 = model.head.w2.weight if model.head.w2 is not None else None
+            return lm.detach(), None if w2 is None else w2.detach()
+
+    return DSparkDrafter(model, sts, build_vocab(folder, config.drafter.draft_vocab, model.cfg.vocab_size, weights))

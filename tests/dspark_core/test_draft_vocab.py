@@ -53,16 +53,31 @@ def test_the_file_is_checked_and_only_ours_is_replaced(tmp_path) -> None:
     with pytest.raises(DSparkError, match="not written by dspark-tune"):  # a user's file of that name stays
         save_vocab(tmp_path, v)
     assert (tmp_path / VOCAB_FILE).read_text() == "{not json"
+    elsewhere = tmp_path / "mine"
+    elsewhere.mkdir()
+    save_vocab(elsewhere, v)  # ours, but reached through a link: the link is not replaced, nor what it points at
+    link_dir = tmp_path / "linked"
+    link_dir.mkdir()
+    (link_dir / VOCAB_FILE).symlink_to(elsewhere / VOCAB_FILE)
+    with pytest.raises(DSparkError, match="not written by dspark-tune"):
+        save_vocab(link_dir, v)
 
 
 def test_unset_means_the_whole_vocabulary_without_a_ranking(tmp_path) -> None:
     w = torch.randn(10, 4)
-    assert build_vocab(tmp_path, None, w, None) is None
+    read = []
+
+    def weights():  # noqa: ANN202
+        read.append(1)
+        return w, None
+
+    assert build_vocab(tmp_path, None, 10, weights) is None
     with pytest.raises(DSparkError, match="draft-vocab"):
-        build_vocab(tmp_path, 4, w, None)
+        build_vocab(tmp_path, 4, 10, weights)
     save_vocab(tmp_path, VocabFile(vocab_size=10, tokens=[5, 6, 7], counts=[3, 2, 1]))
-    assert build_vocab(tmp_path, 0, w, None) is None
-    assert build_vocab(tmp_path, 2, w, None).static.tolist() == [5, 6]
+    assert build_vocab(tmp_path, 0, 10, weights) is None
+    assert not read  # the weights are read only for a reduced vocabulary
+    assert build_vocab(tmp_path, 2, 10, weights).static.tolist() == [5, 6]
 
 
 def test_a_rounds_columns_add_the_contexts_tokens_outside_the_ranking() -> None:
