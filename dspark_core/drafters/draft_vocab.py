@@ -39,7 +39,8 @@ from dspark_core.userfiles import UserFileError, read_capped
 VOCAB_FILE = "draft_vocab.json"  # the ranking shipped beside a drafter
 FORMAT = "dspark-tune draft vocabulary"  # marks a file this tool wrote (it may replace one of these, nothing else)
 DEFAULT_SIZE = 8192  # ranked tokens drafted from when drafter.draft_vocab is unset (benchmarks/draft_cost.py)
-FILE_CAP = 8 << 20  # bytes: a ranking of the largest vocabulary we load (VOCAB_MAX ids and counts) fits
+FILE_CAP = 8 << 20  # bytes: ~500k ranked ids with their counts (a ranking holds only the tokens its data wrote:
+# 12,757 for SmolLM2's 49,152)
 
 
 class VocabFile(BaseModel):
