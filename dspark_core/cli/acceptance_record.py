@@ -31,10 +31,10 @@ def record_acceptance(result: dict[str, Any], config: EngineConfig, domain: str,
 
     if config.drafter.path:
         return []
+    # a `%N` row drafts over another vocabulary than the deployed drafter does: not that method's acceptance
+    result = result | {"methods": [m for m in result["methods"] if "%" not in m["name"]]}
     written = []
     for m in result["methods"]:
-        if "%" in m["name"]:  # another draft vocabulary than the deployed one: not what the drafter runs
-            continue
         base, _, sched = m["name"].partition("/")
         if base not in HEADS or (sched or config.spec.scheduler) != "verify_all" or not m["position_acceptance"]:
             continue
@@ -70,8 +70,6 @@ def _method_rows(result: dict[str, Any], config: EngineConfig) -> dict[str, dict
     """The verify_all rows of the drafter-less methods and of the hybrid (its best head), by method."""
     out: dict[str, dict[str, Any]] = {}
     for m in result["methods"]:
-        if "%" in m["name"]:  # the same: a variant's row is not the deployed method's
-            continue
         base, _, sched = m["name"].partition("/")
         method = HOST.get(base) or ("hybrid" if base.startswith("hybrid_") else None)
         if method is None or (sched or config.spec.scheduler) != "verify_all" or not m["position_acceptance"]:

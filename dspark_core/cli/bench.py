@@ -41,13 +41,13 @@ def method_params(name: str, config: EngineConfig) -> dict[str, Any]:
     rest, _, gamma = named.partition("@")
     if vocab and not (vocab.isdigit() and int(vocab) <= 1 << 20):
         raise DSparkError(f"method {name!r}: draft-vocabulary suffix {vocab!r} must be a token count (0 = all)")
-    if vocab and rest.partition("/")[0] not in (*HEADS, *HYBRIDS):
-        raise DSparkError(f"method {name!r}: a %draft-vocabulary suffix applies to DSpark and hybrid methods")
     base, _, sched = rest.partition("/")
     if gamma and gamma not in ("learned", "explore") and not (gamma.isdigit() and 1 <= int(gamma) <= 16):
         raise DSparkError(f"method {name!r}: block suffix {gamma!r} must be 1..16, 'learned' or 'explore'")
     if gamma and base not in HEADS:
         raise DSparkError(f"method {name!r}: a block suffix applies to DSpark methods ({', '.join(HEADS)})")
+    if vocab and base not in (*HEADS, *HYBRIDS):
+        raise DSparkError(f"method {name!r}: a %draft-vocabulary suffix applies to DSpark and hybrid methods")
     if sched and sched not in SCHEDULERS:
         raise DSparkError(f"method {name!r}: unknown scheduler {sched!r}; use one of {', '.join(SCHEDULERS)}")
     if base == "plain":

@@ -3,7 +3,7 @@ vocabulary (drafters/draft_vocab.py), beside the drafter.
 
 `train-drafter` writes the ranking with every drafter it exports; this command writes it for a drafter trained
 before that, from the `train-drafter` state folder whose data it trained on (train_data.pt: the target's own
-continuations). Nothing is generated again: it reads the cached rows.
+continuations). Nothing is generated again: it reads the cached rows' tokens (mapped, not the whole file).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def draft_vocab_cmd(
     if not is_drafter(drafter):
         raise DSparkError(f"{drafter} holds no DSpark drafter (config.json + model.safetensors)")
     cfg = read_drafter_config(drafter)
-    cached = load_state(data_file)
+    cached = load_state(data_file, mmap=True)  # only the tokens are read, not the cached target states
     meta, data = cached.get("meta"), cached.get("data")
     if not isinstance(meta, dict) or data is None or not hasattr(data, "tokens"):
         raise DSparkError(f"{data_file} holds no training rows this tool wrote; rerun `train-drafter`")

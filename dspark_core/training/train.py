@@ -188,12 +188,13 @@ def _save_atomic(obj: object, path: Path) -> None:
     atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
-def load_state(path: Path) -> dict:
+def load_state(path: Path, mmap: bool = False) -> dict:
     """A training state or data cache this tool wrote (tensors, numbers, dicts, TrainData), read without running
-    any code a hostile file could carry (torch's weights_only unpickler); anything else is one line."""
+    any code a hostile file could carry (torch's weights_only unpickler); anything else is one line. `mmap`: the
+    tensors stay in the file, read only where touched (a reader of the data cache's tokens skips its GBs of states)."""
     try:
         with torch.serialization.safe_globals([TrainData]):
-            state = torch.load(path, weights_only=True, map_location="cpu")
+            state = torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
     except Exception as e:  # noqa: BLE001 - pickle and zip errors of every kind: the file is not ours
         raise DSparkError(f"{path}: not a training state this tool wrote ({type(e).__name__}); delete it or pass "
                           "--fresh / another --state-dir") from None
