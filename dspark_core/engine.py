@@ -443,7 +443,7 @@ class Engine:
         took = time.perf_counter() - t1
         stats.verify_s += took
         if hasattr(self.scheduler, "step_took"):  # a compiled target's scheduler prices its shapes by these
-            self.scheduler.step_took(b, t, took)
+            self.scheduler.step_took(b, t, took, sum(nv) + b)
         stats.steps += 1
         stats.verify_tokens += sum(nv) + b
         results, committed = [], []

@@ -56,9 +56,11 @@ SHORT_VERIFY = 3  # tokens per row of the compiled step for a short verify (anch
 def step_sizes(config: EngineConfig) -> tuple[int, ...]:
     """Tokens per row of the compiled step's graphs (modeling/compiled.py pads a step to the next size): 1 for
     decoding, the block + 1 for verification, and, where a prefix / async_topk scheduler chooses the verify length,
-    a short verify of SHORT_VERIFY. A compiled step is dense, every row as long as the longest, and at 8 requests on
-    two cores a 9-token verify is compute-bound (RESULTS.md: 8 x 9 tokens cost ~4x 8 x 1), so a scheduler needs a
-    cheaper size to choose when confidences are low (verify_scheduler.EngineScheduler._dense)."""
+    a short verify of SHORT_VERIFY. A compiled step's grid is dense, every row as long as the longest, and at 8
+    requests on two cores a 9-token verify is compute-bound (RESULTS.md: 8 x 9 tokens cost ~4x 8 x 1), so a scheduler
+    needs a cheaper size to choose when confidences are low (verify_scheduler.EngineScheduler._dense). Packed (a CPU's
+    verify steps) only the real tokens run the GEMMs, but attention still spans the grid: 8 x 9 with one token a row
+    costs 1.28x an 8 x 1 step, 8 x 3 1.06x (verification/grid_costs.py)."""
     spec = config.spec
     if not spec.enabled or config.drafter.method == "plain":
         return (1,)

@@ -12,6 +12,11 @@ on a CPU, Triton on a GPU) whose pointwise work (norms, RoPE, SiLU, casts) is fu
   context length, so a growing context never compiles mid-serving (attention masks past each row's position).
   The KV cache is addressed by tensors (slots, positions), never by Python ints.
 * Rows in consecutive slots read a view of their slots' cache; other batches gather their slots (a copy).
+* A verify step (T > 1) on a CPU runs packed: only its N real tokens (a dynamic size, like Lk) go through the
+  projections, the MLP and the LM head, and attention alone spans the [B, T] grid, so a row that verifies nothing
+  costs its anchor, not T rows of GEMMs (vLLM and SGLang flatten a batch's tokens the same way). SmolLM2-135M bf16,
+  8 rows x 9 with 20 real tokens: 50 ms packed, 84 ms dense (verification/grid_costs.py prices rounds by it).
+  Decode steps and CUDA-graph steps (static sizes) stay dense.
 * Only steps of up to `MAX_T` tokens per row go through it (decode and verify); prefill stays eager.
 * Compiling is bounded: once `budget_s` seconds have gone into first calls, shapes not yet compiled run eager.
   Inductor caches its code on disk (`TORCHINDUCTOR_CACHE_DIR`), so a restart loads a bucket in about a second.
@@ -32,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from dspark_core.modeling.model import ForwardOut, KVCache, LeanModel, apply_rope, attend
+from dspark_core.modeling.model import ForwardOut, KVCache, LeanModel, Packing, apply_rope, attend
 
 MAX_T = 17  # tokens per row a compiled step takes: the longest verify, a 16-token block + its anchor; prefill: eager
 SPAN_FLOOR = 256  # a CUDA graph's key span: the next power of two >= max(Lk, this), capped by the cache
@@ -45,26 +50,31 @@ def bucket(n: int, floor: int = 1) -> int:
 
 def _core(model: LeanModel, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
           ks: list[torch.Tensor], vs: list[torch.Tensor], span: torch.Tensor, hidden_layers: tuple[int, ...],
-          view: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+          view: bool, packed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """tokens, pos [B, T] long; slots [B] long; span [Lk] = arange(Lk) (dynamic) -> logits [B, T, V] float32,
     hidden [B, T, W] or None.
 
     Writes each row's K/V at (slot, pos) and attends over the slot's first Lk positions, masked past pos. With
-    `view`, ks / vs are the rows' own slots in order (slots = 0..B-1) and are read without a gather."""
+    `view`, ks / vs are the rows' own slots in order (slots = 0..B-1) and are read without a gather. With `packed`
+    ([N] long, dynamic: the flat grid position r * T + j of each real token), only those N tokens go through the
+    projections, the MLP and the LM head (logits [N, V], hidden [N, W]); attention alone runs on the [B, T] grid."""
     b, t = tokens.shape
     lk = span.shape[0]
-    freqs = pos.float()[..., None] * model.inv_freq  # [B, T, hd/2]
-    emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
-    cos, sin = emb.cos().to(model.dtype), emb.sin().to(model.dtype)  # [B, T, 1, hd]
     mask = (span[None, None, :] <= pos[:, :, None])[:, None]  # [B, 1, T, Lk]
     rows = slots[:, None].expand(b, t)
-    x = model.embed(tokens)  # [B, T, H]
+    if packed is not None:  # the real tokens only: [N]
+        tokens, pos, rows = tokens.reshape(-1)[packed], pos.reshape(-1)[packed], rows.reshape(-1)[packed]
+    lead = tokens.shape  # (B, T) or (N,)
+    freqs = pos.float()[..., None] * model.inv_freq  # [*lead, hd/2]
+    emb = torch.cat((freqs, freqs), dim=-1)[..., None, :]
+    cos, sin = emb.cos().to(model.dtype), emb.sin().to(model.dtype)  # [*lead, 1, hd]
+    x = model.embed(tokens)  # [*lead, H]
     caught = []
     for i, layer in enumerate(model.layers):
         h = layer.input_norm(x)
         q, k, v = layer.qkv(h).split([layer.nh * layer.hd, layer.nkv * layer.hd, layer.nkv * layer.hd], dim=-1)
-        q, k, v = (q.view(b, t, layer.nh, layer.hd), k.view(b, t, layer.nkv, layer.hd),
-                   v.view(b, t, layer.nkv, layer.hd))
+        q, k, v = (q.view(*lead, layer.nh, layer.hd), k.view(*lead, layer.nkv, layer.hd),
+                   v.view(*lead, layer.nkv, layer.hd))
         if layer.q_norm is not None and layer.k_norm is not None:
             q, k = layer.q_norm(q), layer.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -72,14 +82,29 @@ def _core(model: LeanModel, tokens: torch.Tensor, pos: torch.Tensor, slots: torc
         vs[i].index_put_((rows, pos), v.to(vs[i].dtype))
         keys = (ks[i][:, :lk] if view else ks[i][slots, :lk]).to(q.dtype).transpose(1, 2)  # [B, nkv, Lk, hd]
         vals = (vs[i][:, :lk] if view else vs[i][slots, :lk]).to(q.dtype).transpose(1, 2)
-        attn = attend(q.transpose(1, 2), keys, vals, mask)
-        x = x + layer.o(attn.transpose(1, 2).reshape(b, t, layer.nh * layer.hd))
+        if packed is not None:  # packed queries -> the [B, T] grid (zeros at the padding, whose outputs are dropped)
+            q = q.new_zeros(b * t, layer.nh, layer.hd).index_copy(0, packed, q).view(b, t, layer.nh, layer.hd)
+        attn = attend(q.transpose(1, 2), keys, vals, mask).transpose(1, 2)  # [B, T, nh, hd]
+        attn = attn.reshape(b * t, -1)[packed] if packed is not None else attn.reshape(b, t, -1)
+        x = x + layer.o(attn)
         gate, up = layer.gate_up(layer.post_norm(x)).chunk(2, dim=-1)
         x = x + layer.down(F.silu(gate) * up)
         if i in hidden_layers:
             caught.append(x)
     hidden = torch.cat(caught, dim=-1) if caught else None
     return model.lm_head(model.norm(x)).float(), hidden
+
+
+def freeze_heap() -> None:
+    """Move every object alive now into the collector's permanent generation (`gc.freeze`). Compiling leaves
+    millions of long-lived Python objects (FX graphs, guards, sympy expressions) that each full collection would
+    walk again: at 8 requests on chat a round of the suffix method spent 8.9 ms outside its 25 ms step with the
+    collector on and 1.5 ms with it off, its trees allocating nodes every round (RESULTS.md, "Packed verify steps").
+    vLLM freezes the heap after compiling and warming up (`freeze_gc_heap`), SGLang offers the same (`freeze_gc`)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 
 def _span(lk: int, device: torch.device) -> torch.Tensor:
@@ -128,12 +153,15 @@ class CompiledStep:
     pool: object = None  # the graphs' shared CUDA memory pool
     use_graphs: bool | None = None  # replay CUDA graphs (default: on a GPU)
     graph_error: str = ""  # why capturing failed (the step then runs the compiled code uncaptured)
+    pack: bool = True  # verify steps run their real tokens packed (`_packed`; never under CUDA graphs: static sizes)
 
     def __post_init__(self) -> None:
         import torch._dynamo
+        import torch.fx.experimental._config
 
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
-        torch._dynamo.config.automatic_dynamic_shapes = False  # static buckets; only the marked key span is dynamic
+        torch._dynamo.config.automatic_dynamic_shapes = False  # static buckets; only the marked sizes are dynamic
+        torch.fx.experimental._config.use_duck_shape = False  # the key span and a packed step's N are two sizes
         self.fn = torch.compile(_core, dynamic=None)
         if self.use_graphs is None:
             self.use_graphs = self.model.device.type == "cuda"
@@ -164,7 +192,8 @@ class CompiledStep:
         """Compile (or load from disk) the decode / verify graphs a serving engine meets: rows 1, 2, 4 .. max_rows at
         each step size, in consecutive slots and in scattered ones, on the empty slots of `cache`, within the
         budget; a line saying what it took. Each graph serves every context length (dynamic keys). `hidden_layers`:
-        the target layers the engine's drafter reads (a graph that also returns them is another graph)."""
+        the target layers the engine's drafter reads (a graph that also returns them is another graph). What
+        compiling left alive is then frozen out of the collector's sight (`freeze_heap`)."""
         t0, done = time.perf_counter(), []
         rows = [r for r in (1 << i for i in range(max_rows.bit_length())) if r <= max_rows]
         for t in self.sizes:
@@ -177,6 +206,7 @@ class CompiledStep:
                     for s, n in zip(slots, before, strict=True):
                         cache.truncate(s, n)
                     done.append(f"{b}x{t}" + ("" if slots[0] == 0 else " gathered"))
+        freeze_heap()
         took = time.perf_counter() - t0
         skipped = f"; budget {self.budget_s:g} s spent, {self.refused} shapes left eager" if self.refused else ""
         hidden = f", with the hidden states of layers {list(hidden_layers)}" if hidden_layers else ""
@@ -208,6 +238,8 @@ class CompiledStep:
         t0 = time.perf_counter()
         args = (tok.to(dev), pos.to(dev), idx.to(dev))
         logits = hidden = None
+        if tb > 1 and self.pack and not self.use_graphs:  # a verify step: only the real tokens go through the GEMMs
+            return self._packed(key, args, ks, vs, lk, cache, slots, n_new, t, t0)
         if self.use_graphs and not self.graph_error:
             try:
                 where = (slots[0] if view else -1, min(bucket(lk, SPAN_FLOOR), cache.max_len))  # padded span
@@ -221,6 +253,26 @@ class CompiledStep:
         for r, s in enumerate(slots):
             cache.lens[s] = int(starts[r]) + n_new[r]
         return ForwardOut(flat_logits=logits[:b, :t], flat_hidden=None if hidden is None else hidden[:b, :t])
+
+    def _packed(self, key: tuple, args: tuple[torch.Tensor, ...], ks: list[torch.Tensor], vs: list[torch.Tensor],
+                lk: int, cache: KVCache, slots: list[int], n_new: list[int], t: int, t0: float) -> ForwardOut:
+        """The step with its N = sum(n_new) real tokens packed (`_core`'s `packed`, N a dynamic size): a 9-token
+        verify whose rows verify 3, 1, .. tokens costs the GEMMs of those tokens, not of B x 9 (vLLM and SGLang
+        flatten a batch's tokens the same way), and rows padding the batch to a power of two cost nothing but
+        attention. The outputs stay packed (ForwardOut.pack), as the eager model's ragged ones."""
+        bb, tb, hidden_layers, view = key
+        dev = self.model.device
+        grid = [r * tb + j for r, n in enumerate(n_new) for j in range(n)]
+        packed = torch.tensor(grid, dtype=torch.long, device=dev)
+        torch._dynamo.mark_dynamic(packed, 0)
+        logits, hidden = self.fn(self.model, *args, ks, vs, _span(lk, dev), hidden_layers, view, packed)
+        if key not in self.seen:
+            self.seen[key] = time.perf_counter() - t0
+        starts = cache.lens[slots]
+        for r, s in enumerate(slots):
+            cache.lens[s] = int(starts[r]) + n_new[r]
+        pack = Packing.of(n_new, t, dev)
+        return ForwardOut(flat_logits=logits, flat_hidden=hidden, pack=pack)
 
     def _replay(self, key: tuple, where: tuple[int, int], args: tuple[torch.Tensor, ...], ks: list[torch.Tensor],
                 vs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -23,6 +23,7 @@ from dspark_core.verification.gamma_policy import (
     choose_blocks,
     text_features,
 )
+from dspark_core.verification.grid_costs import GridCosts, packed_schedule, probe_grids
 from dspark_core.verification.learned import LearnedScheduler, PolicyFile, RollingAcceptance, RoundContext
 from dspark_core.verification.regulator import GammaRegulator, RegulatorConfig
 from dspark_core.verification.round_log import RoundLog, RoundRecord
@@ -59,6 +60,8 @@ class EngineScheduler:
     acceptance: RollingAcceptance = field(default_factory=RollingAcceptance)  # per slot, for the learned policies
     _planned: dict[int, int] = field(default_factory=dict, repr=False)  # slot -> this round's learned block
     step_s: dict[int, float] = field(default_factory=dict)  # dense: measured step seconds per batch tokens (EMA)
+    grid: GridCosts | None = None  # packed compiled verify steps: seconds per grid and real tokens (grid_costs.py)
+    _pred_s: float | None = field(default=None, repr=False)  # packed: the chosen round's predicted step seconds
     calibration: dict[str, list[float]] = field(default_factory=dict)  # proposer -> [accepted, expected], decayed
     _expect: dict[int, tuple[str, float]] = field(default_factory=dict, repr=False)  # slot -> (proposer, expected)
 
@@ -75,7 +78,8 @@ class EngineScheduler:
         self._round_start, self._batch = None, None
         if start is None or batch is None or sps is None or not self.learn_overhead:
             return
-        extra = max(0.0, (now - start) - (self.step_s.get(batch) or 1.0 / sps.lookup(batch)))
+        pred, self._pred_s = self._pred_s, None
+        extra = max(0.0, (now - start) - (pred or self.step_s.get(batch) or 1.0 / sps.lookup(batch)))
         old = float(getattr(self.policy, "overhead_s", 0.0))
         self.policy.overhead_s = extra if old == 0.0 else (1 - self.ema) * old + self.ema * extra  # type: ignore[attr-defined]
 
@@ -194,6 +198,13 @@ class EngineScheduler:
         basis = rows if greedy else self._prev_rows
         self._prev_rows = rows
         padded = bucket(len(rows))
+        if basis is not None and self.grid is not None:  # packed: each request its own length, priced by tokens
+            dec = packed_schedule(basis, self.grid, self.dense_sizes, batch_rows=padded,
+                                  overhead_s=float(getattr(self.policy, "overhead_s", 0)))
+            lengths = dec.lengths if greedy else [min(max(dec.lengths, default=0), len(r)) for r in rows]
+            tokens = sum(lengths) + len(rows)
+            self._pred_s = self.grid.seconds((padded, self._size(max(lengths, default=0) + 1)), tokens)
+            return lengths, tokens
         if basis is None:
             t = max(len(r) for r in rows) + 1
         else:
@@ -204,6 +215,10 @@ class EngineScheduler:
         lengths = [min(t - 1, len(r)) for r in rows]
         return lengths, self._dense_tokens(len(rows), max(lengths) + 1)
 
+    def _size(self, tokens: int) -> int:
+        """The step size a row of `tokens` tokens runs in (modeling/compiled.py CompiledStep.t_bucket)."""
+        return min([s for s in {1, *self.dense_sizes} if s >= tokens] or [tokens])
+
     def _dense_tokens(self, rows: int, tokens: int) -> int:
         """The tokens a compiled step runs for `rows` requests of up to `tokens` each: the rows padded to a power of
         two, each the smallest step size holding `tokens` (modeling/compiled.py)."""
@@ -211,13 +226,18 @@ class EngineScheduler:
 
         return bucket(rows) * min([s for s in self.dense_sizes if s >= tokens] or [tokens])
 
-    def step_took(self, rows: int, tokens: int, seconds: float) -> None:
+    def step_took(self, rows: int, tokens: int, seconds: float, real: int | None = None) -> None:
         """The target step of a round (`rows` requests x `tokens` each, up to its logits read) took `seconds`: on a
         compiled target, kept per padded shape (EMA), and the dense choice prices that shape with it from then on.
         The SPS probes run at a 64-token context on an idle machine; on chat at 8 requests the engine's 8 x 3 steps
         took 1.63x its 8 x 1 steps where the probes said 1.49x, so the scheduler chose 3-token rounds its drafts
         could not pay for."""
         if not self.dense_sizes or not self.learn_overhead or rows < 1:
+            return
+        if self.grid is not None:  # packed: the grid's correction, at the step's real tokens
+            from dspark_core.modeling.compiled import bucket
+
+            self.grid.observe((bucket(rows), self._size(tokens)), real if real is not None else rows * tokens, seconds)
             return
         key = self._dense_tokens(rows, tokens)
         old = self.step_s.get(key)
@@ -286,17 +306,7 @@ def profile_target_sps(target: LeanModel, max_batch_tokens: int, *, rows: int = 
     """
     import torch
 
-    rows = max(1, min(rows, max_batch_tokens))
-    if dense:  # the compiled step pads the rows to a power of two: probe the padded batch
-        rows = 1 << (rows - 1).bit_length()
-    longest = max(-(-max_batch_tokens // rows), *dense, 1)
-    own = dense and cache is not None and len(cache.lens) >= rows and not bool(cache.lens.any()) \
-        and cache.k[0].shape[1] >= context + longest + 1
-    if not own:
-        cache = target.new_cache(rows, context + longest + 1)
-    assert cache is not None
-    for r in range(rows):
-        target(torch.randint(1, target.arch.vocab_size, (1, context)), cache, [r])
+    rows, cache, own = _probe_cache(target, max_batch_tokens, rows, context, dense, cache)
 
     def step(b: int) -> None:
         n_new = ragged_rows(b, rows)
@@ -331,6 +341,54 @@ def profile_target_sps(target: LeanModel, max_batch_tokens: int, *, rows: int = 
     return affine_sps([(b, statistics.median(ts)) for b, ts in times.items()], max_batch_tokens)
 
 
+def _probe_cache(target: LeanModel, max_batch_tokens: int, rows: int, context: int, dense: tuple[int, ...],
+                 cache: KVCache | None) -> tuple[int, KVCache, bool]:
+    """The probes' rows (padded to a power of two for a compiled step), their cache with `context` tokens in each
+    row's slot, and whether that is the engine's own (idle) cache."""
+    import torch
+
+    rows = max(1, min(rows, max_batch_tokens))
+    if dense:  # the compiled step pads the rows to a power of two: probe the padded batch
+        rows = 1 << (rows - 1).bit_length()
+    longest = max(-(-max_batch_tokens // rows), *dense, 1)
+    own = bool(dense) and cache is not None and len(cache.lens) >= rows and not bool(cache.lens.any()) \
+        and cache.k[0].shape[1] >= context + longest + 1
+    if not own:
+        cache = target.new_cache(rows, context + longest + 1)
+    assert cache is not None
+    for r in range(rows):
+        target(torch.randint(1, target.arch.vocab_size, (1, context)), cache, [r])
+    return rows, cache, own
+
+
+def profile_packed_sps(target: LeanModel, max_batch_tokens: int, *, rows: int, sizes: tuple[int, ...],
+                       context: int = 64, repeats: int = 3, cache: KVCache | None = None,
+                       hidden_layers: tuple[int, ...] = ()) -> tuple[SpsTable, GridCosts]:
+    """A compiled target whose verify steps run packed (modeling/compiled.py `_packed`): every grid probed full
+    and at one real token a row (grid_costs.probe_grids), the SPS table of the full grids (as `_dense_sps`) for
+    what reads one, and the grid costs the packed schedule prices rounds with."""
+    rows, cache, own = _probe_cache(target, max_batch_tokens, rows, context, sizes, cache)
+    try:
+        grid = probe_grids(target, cache, context, rows, sizes, max_batch_tokens, repeats,
+                           hidden_layers if own else ())
+    finally:
+        cache.lens.zero_()  # the engine's cache goes back empty
+    return _table(grid.full, max_batch_tokens), grid
+
+
+def _table(times: dict[tuple[int, int], float], max_batch_tokens: int) -> SpsTable:
+    """b x T -> seconds as an SPS table by tokens: the slower where two shapes share a token count, made
+    non-increasing in tokens."""
+    by_tokens: dict[int, float] = {}
+    for (b, t), sec in times.items():
+        by_tokens[b * t] = max(by_tokens.get(b * t, 0.0), sec)
+    tokens = sorted(by_tokens)
+    sps = [1.0 / max(by_tokens[n], 1e-9) for n in tokens]
+    for i in range(1, len(sps)):
+        sps[i] = min(sps[i], sps[i - 1])
+    return SpsTable.from_probes(zip(tokens, sps, strict=True), max(max_batch_tokens, tokens[-1]))
+
+
 def _dense_sps(target: LeanModel, cache: KVCache, context: int, rows: int, sizes: tuple[int, ...],
                max_batch_tokens: int, repeats: int, hidden_layers: tuple[int, ...]) -> SpsTable:
     """Each dense shape (b rows x T tokens: b a power of two <= rows, T a step size or 1) timed in rounds over all
@@ -358,14 +416,7 @@ def _dense_sps(target: LeanModel, cache: KVCache, context: int, rows: int, sizes
             t0 = time.perf_counter()
             step(b, t)
             times[(b, t)].append(time.perf_counter() - t0)
-    by_tokens: dict[int, float] = {}
-    for (b, t), ts in times.items():
-        by_tokens[b * t] = max(by_tokens.get(b * t, 0.0), statistics.median(ts))
-    tokens = sorted(by_tokens)
-    sps = [1.0 / max(by_tokens[n], 1e-9) for n in tokens]
-    for i in range(1, len(sps)):
-        sps[i] = min(sps[i], sps[i - 1])
-    return SpsTable.from_probes(zip(tokens, sps, strict=True), max(max_batch_tokens, tokens[-1]))
+    return _table({sh: statistics.median(ts) for sh, ts in times.items()}, max_batch_tokens)
 
 
 def affine_sps(times: list[tuple[int, float]], max_batch_tokens: int) -> SpsTable:
@@ -399,12 +450,18 @@ def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTabl
         if spec.gamma_policy == "learned" and spec.gamma_policy_path else None
     logging = spec.round_log is not None
     dense = dense_sizes(target)  # a compiled target's step sizes: its steps run dense
+    grid = None  # where its verify steps run packed: what each grid costs by its real tokens
     if sps is None and (spec.scheduler in ("prefix", "async_topk", "learned") or logging or gamma_policy):
         max_tokens = config.batch.max_requests * (min(spec.block_size, spec.max_verify_tokens) + 1)
-        sps = SpsTable.load(spec.sps_path) if spec.sps_path else \
-            profile_target_sps(target, max_tokens, rows=config.batch.max_requests,
-                               affine=target.device.type == "cpu", dense=dense, cache=cache,
-                               hidden_layers=hidden_layers)
+        if spec.sps_path:
+            sps = SpsTable.load(spec.sps_path)
+        elif dense and packs(target):
+            sps, grid = profile_packed_sps(target, max_tokens, rows=config.batch.max_requests, sizes=dense,
+                                           cache=cache, hidden_layers=hidden_layers)
+        else:
+            sps = profile_target_sps(target, max_tokens, rows=config.batch.max_requests,
+                                     affine=target.device.type == "cpu", dense=dense, cache=cache,
+                                     hidden_layers=hidden_layers)
     # the round loop verifies ragged batches (model.py packs the real tokens): a batch costs sum(l_r + 1) tokens
     if spec.scheduler == "learned":
         assert sps is not None and spec.policy_path
@@ -414,10 +471,17 @@ def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTabl
     log = RoundLog(Path(spec.round_log), spec.block_size, spec.scheduler, sps) if logging and sps else None
     explore = random.Random(config.seed) if spec.gamma_policy == "explore" else None
     return EngineScheduler(policy=policy, regulator=reg, max_verify=spec.max_verify_tokens, log=log,
-                           gamma_policy=gamma_policy, sps=sps, explore=explore, dense_sizes=dense)
+                           gamma_policy=gamma_policy, sps=sps, explore=explore, dense_sizes=dense, grid=grid)
 
 
 def dense_sizes(target: LeanModel) -> tuple[int, ...]:
     """The step sizes of a target whose decode / verify steps run compiled (dense rows x T), else ()."""
     step = getattr(target, "compiled", None)
     return tuple(step.sizes) if step is not None else ()
+
+
+def packs(target: LeanModel) -> bool:
+    """Whether the target's compiled verify steps run their real tokens packed (CompiledStep.pack, off under CUDA
+    graphs, whose sizes are static)."""
+    step = getattr(target, "compiled", None)
+    return step is not None and bool(step.pack) and not step.use_graphs
