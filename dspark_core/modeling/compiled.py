@@ -15,7 +15,8 @@ on a CPU, Triton on a GPU) whose pointwise work (norms, RoPE, SiLU, casts) is fu
 * A verify step (T > 1) on a CPU runs packed: only its N real tokens (a dynamic size, like Lk) go through the
   projections, the MLP and the LM head, and attention alone spans the [B, T] grid, so a row that verifies nothing
   costs its anchor, not T rows of GEMMs (vLLM and SGLang flatten a batch's tokens the same way). SmolLM2-135M bf16,
-  8 rows x 9 with 20 real tokens: 50 ms packed, 84 ms dense (verification/grid_costs.py prices rounds by it).
+  8 rows x 9 with 20 real tokens: 45 ms packed, 79 ms dense (RESULTS.md, "Packed verify steps";
+  verification/grid_costs.py prices rounds by it).
   Decode steps and CUDA-graph steps (static sizes) stay dense.
 * Only steps of up to `MAX_T` tokens per row go through it (decode and verify); prefill stays eager.
 * Compiling is bounded: once `budget_s` seconds have gone into first calls, shapes not yet compiled run eager.
@@ -98,8 +99,9 @@ def _core(model: LeanModel, tokens: torch.Tensor, pos: torch.Tensor, slots: torc
 def freeze_heap() -> None:
     """Move every object alive now into the collector's permanent generation (`gc.freeze`). Compiling leaves
     millions of long-lived Python objects (FX graphs, guards, sympy expressions) that each full collection would
-    walk again: at 8 requests on chat a round of the suffix method spent 8.9 ms outside its 25 ms step with the
-    collector on and 1.5 ms with it off, its trees allocating nodes every round (RESULTS.md, "Packed verify steps").
+    walk again: at 8 requests on chat the suffix method's plain rounds spent 18.3 ms outside their 22.5 ms step
+    unfrozen and 1.5 ms frozen, its trees allocating nodes every round (benchmarks/round_trace.py; RESULTS.md,
+    "Packed verify steps").
     vLLM freezes the heap after compiling and warming up (`freeze_gc_heap`), SGLang offers the same (`freeze_gc`)."""
     import gc
 

@@ -16,7 +16,7 @@ from dspark_core.verification.grid_costs import GridCosts, packed_schedule, prob
 needs_cc = pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")),
                               reason="torch.compile on a CPU needs a C++ compiler")
 
-# 8 rows on two cores, SmolLM2-135M bf16 (grid_costs.py's docstring), in ms
+# 8 rows on two cores, SmolLM2-135M bf16 (near benchmarks/packed_step.py's figures), in ms
 COSTS = GridCosts(low={(8, 1): 29.0, (8, 3): 30.7, (8, 9): 37.2}, full={(8, 1): 29.0, (8, 3): 42.0, (8, 9): 85.7})
 
 
