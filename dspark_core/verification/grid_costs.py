@@ -55,15 +55,16 @@ class GridCosts:
 
 
 def probe_grids(target: LeanModel, cache: KVCache, context: int, rows: int, sizes: Sequence[int],
-                max_batch_tokens: int, repeats: int, hidden_layers: tuple[int, ...]) -> GridCosts:
-    """Time every grid the engine can run (b a power of two <= rows, T in {1, *sizes}), full and at one real token a
-    row, interleaved in rounds over all shapes (drifting load on shared cores hits all alike); median seconds. The
-    slots 0..rows-1 of `cache` hold `context` tokens each and are left so."""
+                max_batch_tokens: int, repeats: int, hidden_layers: tuple[int, ...], low: bool = True) -> GridCosts:
+    """Time every grid the engine can run (b a power of two <= rows, T in {1, *sizes}), full and (`low`) at one real
+    token a row, interleaved in rounds over all shapes (drifting load on shared cores hits all alike); median
+    seconds. The slots 0..rows-1 of `cache` hold `context` tokens each and are left so. Without `low` (a dense
+    step) each grid's low end is its full time."""
     import torch
 
     grids = sorted({(b, t) for b in (1 << i for i in range(rows.bit_length())) for t in {1, *sizes}
                     if b <= rows and b * t <= max(max_batch_tokens, rows)})
-    shapes = [(g, full) for g in grids for full in ((True, False) if g[0] > 1 and g[1] > 1 else (True,))]
+    shapes = [(g, full) for g in grids for full in ((True, False) if low and g[0] > 1 and g[1] > 1 else (True,))]
     times: dict[tuple[Grid, bool], list[float]] = {sh: [] for sh in shapes}
 
     def step(grid: Grid, full: bool) -> None:
@@ -83,8 +84,9 @@ def probe_grids(target: LeanModel, cache: KVCache, context: int, rows: int, size
             times[sh].append(time.perf_counter() - t0)
     full = {g: statistics.median(times[(g, True)]) for g in grids}
     # one request verifies all its T tokens (N = T >= 2): its grid's low end is the 1-token step
-    low = {g: statistics.median(times[(g, False)]) if g[0] > 1 and g[1] > 1 else full[(g[0], 1)] for g in grids}
-    return GridCosts(low=low, full=full)
+    ends = {g: statistics.median(times[(g, False)]) if (g, False) in times else full[(g[0], 1)] if low else full[g]
+            for g in grids}
+    return GridCosts(low=ends, full=full)
 
 
 def packed_schedule(rows: Sequence[Sequence[float]], costs: GridCosts, sizes: Sequence[int], *,

@@ -392,31 +392,10 @@ def _table(times: dict[tuple[int, int], float], max_batch_tokens: int) -> SpsTab
 def _dense_sps(target: LeanModel, cache: KVCache, context: int, rows: int, sizes: tuple[int, ...],
                max_batch_tokens: int, repeats: int, hidden_layers: tuple[int, ...]) -> SpsTable:
     """Each dense shape (b rows x T tokens: b a power of two <= rows, T a step size or 1) timed in rounds over all
-    shapes (drifting load on shared cores hits all alike), median seconds; the table holds b x T -> 1 / seconds, the
-    slower where two shapes share a token count, made non-increasing in tokens."""
-    import statistics
-
-    import torch
-
-    shapes = sorted({(b, t) for b in (1 << i for i in range(rows.bit_length())) for t in {1, *sizes}
-                     if b <= rows and b * t <= max(max_batch_tokens, rows)})
-    times: dict[tuple[int, int], list[float]] = {sh: [] for sh in shapes}
-
-    def step(b: int, t: int) -> None:
-        target(torch.randint(1, target.arch.vocab_size, (b, t)), cache, list(range(b)), [t] * b,
-               hidden_layers=hidden_layers)
-        for r in range(b):
-            cache.truncate(r, context)
-        if target.device.type == "cuda":
-            torch.cuda.synchronize()
-
-    for _ in range(max(3, repeats)):
-        for b, t in shapes:
-            step(b, t)  # warm this shape (compiled on its first call)
-            t0 = time.perf_counter()
-            step(b, t)
-            times[(b, t)].append(time.perf_counter() - t0)
-    return _table({sh: statistics.median(ts) for sh, ts in times.items()}, max_batch_tokens)
+    shapes (grid_costs.probe_grids, full grids only); the table holds b x T -> 1 / seconds, the slower where two
+    shapes share a token count, made non-increasing in tokens."""
+    grid = probe_grids(target, cache, context, rows, sizes, max_batch_tokens, repeats, hidden_layers, low=False)
+    return _table(grid.full, max_batch_tokens)
 
 
 def affine_sps(times: list[tuple[int, float]], max_batch_tokens: int) -> SpsTable:
