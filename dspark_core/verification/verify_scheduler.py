@@ -203,7 +203,8 @@ class EngineScheduler:
                                   overhead_s=float(getattr(self.policy, "overhead_s", 0)))
             lengths = dec.lengths if greedy else [min(max(dec.lengths, default=0), len(r)) for r in rows]
             tokens = sum(lengths) + len(rows)
-            self._pred_s = self.grid.seconds((padded, self._size(max(lengths, default=0) + 1)), tokens)
+            grid = (padded, self._size(max(lengths, default=0) + 1))
+            self._pred_s = self.grid.seconds(grid, tokens) if grid in self.grid.low else None  # None: the SPS table
             return lengths, tokens
         if basis is None:
             t = max(len(r) for r in rows) + 1
