@@ -218,8 +218,12 @@ class CompiledStep:
     @torch.inference_mode()
     def __call__(self, tokens: torch.Tensor, cache: KVCache, slots: list[int], n_new: list[int],
                  hidden_layers: tuple[int, ...]) -> ForwardOut:
-        """As LeanModel.forward for a step `takes` accepts: dense [B, T, ...] outputs (rows past n_new hold
-        padding), the cache lengths advanced by n_new."""
+        """As LeanModel.forward for a step `takes` accepts, the cache lengths advanced by n_new. A decode step (and
+        any step under CUDA graphs) runs dense: [B, T, ...] outputs whose rows past n_new hold padding. A verify
+        step on a CPU runs packed (`_core`'s `packed`, N = sum(n_new) a dynamic size): a 9-token verify whose rows
+        verify 3, 1, .. tokens costs the GEMMs of those tokens, not of B x 9 (vLLM and SGLang flatten a batch's tokens
+        the same way), rows padding the batch to a power of two cost nothing but attention, and the outputs stay
+        packed (ForwardOut.pack), as the eager model's ragged ones."""
         b, t = tokens.shape
         key = self._key(t, cache, slots, hidden_layers)
         bb, tb, _, view = key
@@ -239,42 +243,25 @@ class CompiledStep:
             idx = torch.arange(bb)
         t0 = time.perf_counter()
         args = (tok.to(dev), pos.to(dev), idx.to(dev))
-        logits = hidden = None
+        logits = hidden = packed = None
         if tb > 1 and self.pack and not self.use_graphs:  # a verify step: only the real tokens go through the GEMMs
-            return self._packed(key, args, ks, vs, lk, cache, slots, n_new, t, t0)
-        if self.use_graphs and not self.graph_error:
+            packed = Packing.of(n_new, tb, dev).index  # [N] flat grid positions
+            torch._dynamo.mark_dynamic(packed, 0)
+        elif self.use_graphs and not self.graph_error:
             try:
                 where = (slots[0] if view else -1, min(bucket(lk, SPAN_FLOOR), cache.max_len))  # padded span
                 logits, hidden = self._replay(key, where, args, ks, vs)
             except RuntimeError as e:  # a step this GPU cannot capture: run uncaptured from now on (same writes)
                 self.graph_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" if str(e) else repr(e)
         if logits is None:
-            logits, hidden = self.fn(self.model, *args, ks, vs, _span(lk, dev), hidden_layers, view)
+            logits, hidden = self.fn(self.model, *args, ks, vs, _span(lk, dev), hidden_layers, view, packed)
         if key not in self.seen:
             self.seen[key] = time.perf_counter() - t0
         for r, s in enumerate(slots):
             cache.lens[s] = int(starts[r]) + n_new[r]
+        if packed is not None:
+            return ForwardOut(flat_logits=logits, flat_hidden=hidden, pack=Packing.of(n_new, t, dev))
         return ForwardOut(flat_logits=logits[:b, :t], flat_hidden=None if hidden is None else hidden[:b, :t])
-
-    def _packed(self, key: tuple, args: tuple[torch.Tensor, ...], ks: list[torch.Tensor], vs: list[torch.Tensor],
-                lk: int, cache: KVCache, slots: list[int], n_new: list[int], t: int, t0: float) -> ForwardOut:
-        """The step with its N = sum(n_new) real tokens packed (`_core`'s `packed`, N a dynamic size): a 9-token
-        verify whose rows verify 3, 1, .. tokens costs the GEMMs of those tokens, not of B x 9 (vLLM and SGLang
-        flatten a batch's tokens the same way), and rows padding the batch to a power of two cost nothing but
-        attention. The outputs stay packed (ForwardOut.pack), as the eager model's ragged ones."""
-        bb, tb, hidden_layers, view = key
-        dev = self.model.device
-        grid = [r * tb + j for r, n in enumerate(n_new) for j in range(n)]
-        packed = torch.tensor(grid, dtype=torch.long, device=dev)
-        torch._dynamo.mark_dynamic(packed, 0)
-        logits, hidden = self.fn(self.model, *args, ks, vs, _span(lk, dev), hidden_layers, view, packed)
-        if key not in self.seen:
-            self.seen[key] = time.perf_counter() - t0
-        starts = cache.lens[slots]
-        for r, s in enumerate(slots):
-            cache.lens[s] = int(starts[r]) + n_new[r]
-        pack = Packing.of(n_new, t, dev)
-        return ForwardOut(flat_logits=logits, flat_hidden=hidden, pack=pack)
 
     def _replay(self, key: tuple, where: tuple[int, int], args: tuple[torch.Tensor, ...], ks: list[torch.Tensor],
                 vs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:

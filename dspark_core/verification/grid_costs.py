@@ -34,22 +34,23 @@ class GridCosts:
     ema: float = 0.2  # weight of the newest measured step in a grid's correction
     scale: dict[Grid, float] = field(default_factory=dict)  # measured / probed, per grid (EMA)
 
-    def seconds(self, grid: Grid, tokens: int) -> float:
-        """Predicted seconds of a step on `grid` with `tokens` real tokens (a line between the grid's probes)."""
+    def _probed(self, grid: Grid, tokens: int) -> float:
+        """The probes' seconds for `grid` at `tokens` real tokens: a line between its two ends."""
         b, t = grid
         lo, hi = self.low[grid], self.full[grid]
         frac = 0.0 if t == 1 else min(1.0, max(0.0, (tokens - b) / (b * t - b)))
-        return (lo + (hi - lo) * frac) * self.scale.get(grid, 1.0)
+        return lo + (hi - lo) * frac
+
+    def seconds(self, grid: Grid, tokens: int) -> float:
+        """Predicted seconds of a step on `grid` with `tokens` real tokens (the probes' line, corrected)."""
+        return self._probed(grid, tokens) * self.scale.get(grid, 1.0)
 
     def observe(self, grid: Grid, tokens: int, seconds: float) -> None:
         """The engine ran `grid` with `tokens` real tokens in `seconds`: the probes ran at a short context on an idle
         machine, so each grid keeps the ratio of what the engine measures to what they predict."""
         if grid not in self.low:
             return
-        b, t = grid
-        lo, hi = self.low[grid], self.full[grid]
-        frac = 0.0 if t == 1 else min(1.0, max(0.0, (tokens - b) / (b * t - b)))
-        ratio = seconds / max(lo + (hi - lo) * frac, 1e-9)
+        ratio = seconds / max(self._probed(grid, tokens), 1e-9)
         old = self.scale.get(grid)
         self.scale[grid] = ratio if old is None else (1 - self.ema) * old + self.ema * ratio
 

@@ -225,7 +225,7 @@ class EngineScheduler:
         two, each the smallest step size holding `tokens` (modeling/compiled.py)."""
         from dspark_core.modeling.compiled import bucket
 
-        return bucket(rows) * min([s for s in self.dense_sizes if s >= tokens] or [tokens])
+        return bucket(rows) * self._size(tokens)
 
     def step_took(self, rows: int, tokens: int, seconds: float, real: int | None = None) -> None:
         """The target step of a round (`rows` requests x `tokens` each, up to its logits read) took `seconds`: on a
