@@ -126,8 +126,11 @@ def _keep_production_acceptance(database, profile) -> None:  # noqa: ANN001 - kb
 
 def _default_study(profile, plan_json: dict[str, Any], mode: str, objectives: list[str], seed: int,
                    cost: str = "roofline", calibration: dict[str, Any] | None = None,
-                   deploy: str | None = None, cluster: dict[str, Any] | None = None) -> str:
+                   deploy: str | None = None, cluster: dict[str, Any] | None = None,
+                   measured: tuple[bool, int] = (False, 48)) -> str:
     key = [profile.content_hash(), plan_json.get("space"), plan_json.get("fixed"), mode, objectives, seed]
+    if mode == "measure" and measured != (False, 48):  # compiled or longer trials measure another engine run
+        key.append(f"compile={measured[0]},tokens={measured[1]}")  # (eager 48-token studies keep their names)
     if cluster is not None:  # the same server of another deployment is another study
         key.append(cluster)
     if deploy is not None:  # the searched space depends on it (tuner/deploy.py)
@@ -227,6 +230,11 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
          trial_tokens: Annotated[int, typer.Option(min=8, max=4096, help="Measure mode: new tokens each of a trial's "
                                                    "requests generates (n-gram and suffix copy from the output: "
                                                    "longer trials see more of it).")] = 48,
+         compile_steps: Annotated[bool | None, typer.Option("--compile/--no-compile", help="Measure mode: the "
+                                                            "trials' engine runs compiled decode / verify steps "
+                                                            "(compiled before each is timed, cached on disk) and the "
+                                                            "bundle's dspark.yaml says so (default: on where "
+                                                            "torch.compile can build them).")] = None,
          concurrency: ConcurrencyOpt = None, slo_ttft_ms: SloTtftOpt = None, slo_tpot_ms: SloTpotOpt = None,
          drafter: DrafterOpt = None,
          cost: Annotated[str, typer.Option(help="Simulate: what prices a forward. auto (AIConfigurator's measured "
@@ -336,6 +344,9 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         stored = st.StudySpec.model_validate(st.open_study(url, study_name, None).user_attrs[st.SPEC_ATTR])
         _refuse_unsafe(stored.profile_model())
         _refuse_unsafe_options(draft=stored.draft)
+        if compile_steps is not None and stored.mode == "measure" and compile_steps != stored.compile:
+            raise TunerError(f"study {study_name} measured {'compiled' if stored.compile else 'eager'} steps; drop "
+                             f"--{'no-' if stored.compile else ''}compile to resume it, or give a new --study")
         if deploy is not None and deploy != (stored.deploy or "both"):
             raise TunerError(f"study {study_name} was tuned for --deploy {stored.deploy or 'both'}; drop --deploy to "
                              f"resume it, or give a new --study for --deploy {deploy}")
@@ -360,6 +371,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         local = (profile.hw.arch == "cpu") or (gpu or "").lower() in LOCAL_GPUS
         chosen = "live" if engine else mode if mode != "auto" else ("measure" if local else "simulate")
         priced = _cost(cost, profile) if chosen == "simulate" else "roofline"
+        from tuner.measure import COMPILE_NOTE, resolve_compile
         slo = profile.workload.slo
         from importlib.metadata import PackageNotFoundError, version
 
@@ -371,6 +383,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                             plan=plan_json, plan_id=plan_id, mode=chosen, objectives=objectives,
                             slo_ttft_ms=slo.ttft_ms if slo else None, slo_tpot_ms=slo.tpot_ms if slo else None,
                             seed=seed, tool_version=tool, trial_seconds=trial_seconds, trial_tokens=trial_tokens,
+                            compile=resolve_compile(compile_steps, profile.hw.arch, chosen),
                             cost=priced,
                             deploy=deploy or live_deploy(engine) or default_deploy(chosen, profile),
                             cluster=choice.to_json() if choice is not None else None)
@@ -384,8 +397,12 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
             spec = live_spec(spec, engine, engine_python, draft, trial_requests, trial_max_tokens, startup_seconds,
                               quiet=as_json).model_copy(update={"live_load": load, "hot_trials": hot_trials})
         study_name = study_name or _default_study(profile, plan_json, chosen, objectives, seed, priced,
-                                                  spec.calibration, spec.deploy, spec.cluster)
+                                                  spec.calibration, spec.deploy, spec.cluster,
+                                                  (spec.compile, spec.trial_tokens))
         st.open_study(url, study_name, spec)
+    if not as_json and not resume and spec.mode == "measure":
+        err_console.print(f"trials run the bundled engine's {'compiled' if spec.compile else 'eager'} steps"
+                          + (f" ({COMPILE_NOTE})" if spec.compile else ""), highlight=False)
     if not as_json:
         shown = escape(study_name)  # a name or path with [brackets] is text, not Rich markup
         err_console.print(f"study [bold]{shown}[/] in {escape(_shown(url))}: Ctrl-C keeps every completed trial; "

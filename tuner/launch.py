@@ -46,7 +46,9 @@ def write_dspark(folder: Path, config, sps, sts: dict[str, Any], common: dict[st
 
     check_values("dspark.sh", common)
     env = template_env()
-    config.spec.sps_path, config.spec.sts_path = "sps.json", "sts.json"
+    # a compiled engine prices its rounds by its own compiled steps, profiled at start-up as the trials' engine did
+    # (a CPU's packed verify grids: verification/grid_costs.py); an eager one reads the measured table
+    config.spec.sps_path, config.spec.sts_path = None if config.compile else "sps.json", "sts.json"
     for key, name in POLICY_FILES.items():  # the learned policies travel with the bundle, like the SPS table
         src = getattr(config.spec, key)
         if src and Path(src).resolve() != (folder / name).resolve():

@@ -50,7 +50,7 @@ class MeasureEvaluator(Evaluator):
     mode = "measure"
 
     def __init__(self, profile: Profile, n_prompts: int = 8, max_new_tokens: int = 48,
-                 trial_limit_s: float = 60.0, dtype: str | None = None) -> None:
+                 trial_limit_s: float = 60.0, dtype: str | None = None, compile: bool = False) -> None:
         from dspark_core.config import EngineConfig
         from dspark_core.modeling.checkpoint import load_model
         from dspark_core.modeling.tokenizer import Tokenizer
@@ -68,6 +68,7 @@ class MeasureEvaluator(Evaluator):
         self.prompts = self._prompts(n_prompts)
         self.max_new_tokens = max_new_tokens
         self.trial_limit_s = trial_limit_s  # a configuration slower than this is measured on what it did by then
+        self.compile = compile  # trials run compiled decode / verify steps (compiled before each is timed)
         self._sps: dict[tuple[str, int], Any] = {}  # (weights dtype, batch tokens) -> measured SPS table
 
     def target_for(self, dtype: str):  # -> LeanModel
@@ -94,7 +95,9 @@ class MeasureEvaluator(Evaluator):
         return [r.prompt for r in load_prompts(path, limit=n)]
 
     def describe(self) -> str:
-        return f"measured with dspark_core on this device ({self.path.name}, {len(self.prompts)} prompts)"
+        steps = "compiled" if self.compile else "eager"
+        return (f"measured with dspark_core on this device ({self.path.name}, {len(self.prompts)} prompts x "
+                f"{self.max_new_tokens} new tokens, {steps} steps)")
 
     def config(self, params: dict[str, Any]):  # -> EngineConfig
         """The exported engine config of `params` (tuner/engine_config.py), as run here: the bundled engine on
@@ -108,6 +111,9 @@ class MeasureEvaluator(Evaluator):
         if cfg.spec.enabled and cfg.drafter.method in ("dspark", "hybrid"):
             cfg.drafter.path = str(drafter_folder(cfg))
         cfg.device = self.base.device
+        cfg.compile = self.compile
+        cfg.compile_budget_s = float("inf")  # trials share one target and its compiled step: never a budget spent by
+        # earlier trials' shapes (the bundle keeps its own budget: its engine compiles only its own)
         cfg.weights.dtype = self._dtype(params)  # type: ignore[assignment]
         cfg.batch.max_requests = min(cfg.batch.max_requests, len(self.prompts))
         cfg.parallel = type(cfg.parallel)()  # the bundled engine runs one device
@@ -150,6 +156,7 @@ class MeasureEvaluator(Evaluator):
             cfg = self.config(params)
             cfg.sampling.seed = seed
             engine = Engine(cfg, target=self.target_for(cfg.weights.dtype), tokenizer=self.tokenizer)
+            warm_compiled(engine)
             gen = engine.generate(self.prompts, cfg.sampling, time_limit_s=self.trial_limit_s)
         except (DSparkError, TunerError) as e:  # TunerError: a learned choice without its policy
             return Evaluation({}, False, str(e))
@@ -176,3 +183,43 @@ class MeasureEvaluator(Evaluator):
         if (dtype, budget) not in self._sps:
             self._sps[dtype, budget] = profile_target_sps(self.target_for(dtype), max(2, budget))
         return self._sps[dtype, budget]
+
+
+def warm_compiled(engine) -> None:  # engine: dspark_core.Engine
+    """Compile (or load from disk) every step shape a compiled trial's engine meets before it is timed, as `serve`
+    does at start-up: a trial measures serving, not compiling."""
+    step = engine.target.compiled
+    if step is None:
+        return
+    step.warm(engine.cache, engine.config.batch.max_requests, engine.hidden_layers)
+
+
+def can_compile(arch: str | None) -> str:
+    """Why torch.compile cannot build the engine's steps on this machine ("" when it can): inductor writes C++ for a
+    CPU, which needs a compiler, and Triton kernels for a GPU."""
+    import importlib.util
+    import shutil
+
+    if arch in (None, "cpu"):
+        if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+            return "no C++ compiler on PATH (inductor builds a CPU's steps with one; install g++)"
+        return ""
+    return "" if importlib.util.find_spec("triton") is not None else "Triton is not installed"
+
+
+COMPILE_NOTE = "each new step shape compiles once before its trial is timed: seconds to a minute each, cached on disk"
+
+
+def resolve_compile(asked: bool | None, arch: str | None, mode: str = "measure") -> bool:
+    """Whether a measured study's trials (and its bundle) run compiled steps: as asked (`--compile` where they cannot
+    be built, or for a study that runs no engine here, is one TunerError line), else wherever they can be: the
+    compiled step is the engine's fast path (RESULTS.md, issue 41), and a study must measure what the bundle runs."""
+    if mode != "measure":
+        if asked is not None:
+            raise TunerError(f"--{'' if asked else 'no-'}compile: only a measured study (--mode measure, or this "
+                             f"machine's device) runs the bundled engine's steps; this study is {mode}")
+        return False
+    why = can_compile(arch)
+    if asked and why:
+        raise TunerError(f"--compile: {why}; drop --compile to measure the eager engine")
+    return why == "" if asked is None else asked

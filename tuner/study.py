@@ -49,6 +49,7 @@ class StudySpec(BaseModel):
     n_requests: int | None = None  # simulated requests per trial (None: 6 x concurrency, 48..384)
     trial_seconds: float = 60.0  # measure mode: a trial's generation stops after this long (figures cover what ran)
     trial_tokens: int = 48  # measure mode: new tokens each of a trial's requests generates
+    compile: bool = False  # measure mode: trials run compiled decode / verify steps, and dspark.yaml exports them
     tool_version: str = ""
     # live (tune --engine): the serving engine launched per trial and how it is driven
     engine: str | None = None  # tuner/live/engines.py ENGINES: dspark, vllm, sglang
@@ -131,7 +132,8 @@ def make_evaluator(spec: StudySpec) -> Evaluator:
         return LiveEvaluator(spec)
     from tuner.measure import MeasureEvaluator
 
-    return MeasureEvaluator(spec.profile_model(), max_new_tokens=spec.trial_tokens, trial_limit_s=spec.trial_seconds)
+    return MeasureEvaluator(spec.profile_model(), max_new_tokens=spec.trial_tokens, trial_limit_s=spec.trial_seconds,
+                            compile=spec.compile)
 
 
 NAME_MAX = 128  # study names: Optuna's column holds 512 characters on every backend; ours stay well inside it

@@ -120,6 +120,9 @@ def bench_cmd(
     cfg = _config(config, model, dtype)
     if compile_steps is not None:
         cfg.compile = compile_steps
+    # the bench times serving with every shape compiled: the methods share one target and its compiled step, so one
+    # compile budget would run the last method's new shapes (and their SPS probes) eager on a cold disk cache
+    cfg.compile_budget_s = float("inf")
     names = [m.strip() for m in methods.split(",") if m.strip()]
     if not names:
         raise DSparkError("--methods is empty; name at least one method, e.g. plain,ar_draft")

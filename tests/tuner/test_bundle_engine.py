@@ -37,7 +37,7 @@ def measured(tmp_path_factory) -> Path:
     # the drafter given: DSpark fixed (a measured study otherwise searches plain, n-gram, suffix and the hybrid too)
     return _tune(tmp_path_factory.mktemp("cpu"), "--model", "tiny", "--gpu", "cpu", "--slo-tpot-ms", "0",
                  "--slo-ttft-ms", "0", "--drafter", str(ASSETS / "drafters" / "markov"), trials="2",
-                 extra=("--trial-seconds", "20"))
+                 extra=("--trial-seconds", "20", "--no-compile"))  # a compiled bundle: test_measure_compiled.py
 
 
 def test_simulated_bundle_names_the_model_and_its_published_drafter(simulated):

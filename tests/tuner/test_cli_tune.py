@@ -94,10 +94,14 @@ def test_bad_traffic_is_one_line(capsys, tmp_path, args, words):
 def test_a_cpu_measured_study_resumes_however_it_is_named(capsys, tmp_path):
     out = str(tmp_path / "b")  # no SLOs: whether a trial on shared cores meets them is not what this checks
     assert run(capsys, "profile", "--model", "tiny", "--gpu", "cpu", "--slo-tpot-ms", "0", "--slo-ttft-ms", "0")[0] == 0
-    assert run(capsys, "tune", "--trials", "1", "--study", "m", "--out", out, "--trial-seconds", "20")[0] == 0
+    # eager trials: compiling the tiny target's shapes is tests/tuner/test_measure_compiled.py's, and costs minutes
+    assert run(capsys, "tune", "--trials", "1", "--study", "m", "--out", out, "--trial-seconds", "20",
+               "--no-compile")[0] == 0
     for extra in (["--gpu", "cpu"], ["--model", "tiny", "--gpu", "cpu"], []):  # re-profiles this CPU, same study
         code, _, err = run(capsys, "tune", "--trials", "2", "--study", "m", "--out", out, *extra)
         assert code == 0, err
+    code, _, err = run(capsys, "tune", "--trials", "3", "--study", "m", "--out", out, "--compile")
+    assert code == 2 and "study m measured eager steps; drop --compile to resume it" in err
     import optuna
 
     from kb.db import resolve_url
