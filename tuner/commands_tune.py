@@ -344,9 +344,9 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         stored = st.StudySpec.model_validate(st.open_study(url, study_name, None).user_attrs[st.SPEC_ATTR])
         _refuse_unsafe(stored.profile_model())
         _refuse_unsafe_options(draft=stored.draft)
-        if compile_steps is not None and stored.mode == "measure" and compile_steps != stored.compile:
-            raise TunerError(f"study {study_name} measured {'compiled' if stored.compile else 'eager'} steps; drop "
-                             f"--{'no-' if stored.compile else ''}compile to resume it, or give a new --study")
+        from tuner.measure import check_resumed_compile
+
+        check_resumed_compile(compile_steps, stored.mode, stored.compile, study_name)
         if deploy is not None and deploy != (stored.deploy or "both"):
             raise TunerError(f"study {study_name} was tuned for --deploy {stored.deploy or 'both'}; drop --deploy to "
                              f"resume it, or give a new --study for --deploy {deploy}")

@@ -223,3 +223,15 @@ def resolve_compile(asked: bool | None, arch: str | None, mode: str = "measure")
     if asked and why:
         raise TunerError(f"--compile: {why}; drop --compile to measure the eager engine")
     return why == "" if asked is None else asked
+
+
+def check_resumed_compile(asked: bool | None, mode: str, compiled: bool, name: str) -> None:
+    """`--compile/--no-compile` on a resumed study: one TunerError line where it would change what the study measures
+    (its stored trials ran the other steps) or where the study runs no engine here."""
+    if asked is None:
+        return
+    if mode != "measure":
+        resolve_compile(asked, None, mode)
+    if asked != compiled:
+        raise TunerError(f"study {name} measured {'compiled' if compiled else 'eager'} steps; drop "
+                         f"--{'no-' if compiled else ''}compile to resume it, or give a new --study")

@@ -121,6 +121,8 @@ def test_studies_list_names_what_tune_made(capsys, tmp_path):
     assert code == 0 and [r["study"] for r in rows] == ["s1"]
     assert rows[0]["completed"] == 2 and rows[0]["mode"] == "simulate" and rows[0]["gpu"].startswith("H100")
     assert "s1" in run(capsys, "studies", "list")[1]
+    code, _, err = run(capsys, "tune", "--study", "s1", "--trials", "3", "--out", str(tmp_path / "b"), "--compile")
+    assert code == 2 and "--compile: only a measured study" in err and "this study is simulate" in err
 
 
 def test_a_model_no_layout_runs_is_one_line_naming_the_limit(capsys, tmp_path):
