@@ -294,6 +294,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
     from tuner import study as st
     from tuner.bundle_dir import check_out
     from tuner.export import export_study
+    from tuner.measure import check_resumed_compile, resolve_compile, steps_line
 
     objectives = [o.strip() for o in objective.split(",") if o.strip()]
     st.directions(objectives)
@@ -344,8 +345,6 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         stored = st.StudySpec.model_validate(st.open_study(url, study_name, None).user_attrs[st.SPEC_ATTR])
         _refuse_unsafe(stored.profile_model())
         _refuse_unsafe_options(draft=stored.draft)
-        from tuner.measure import check_resumed_compile
-
         check_resumed_compile(compile_steps, stored.mode, stored.compile, study_name)
         if deploy is not None and deploy != (stored.deploy or "both"):
             raise TunerError(f"study {study_name} was tuned for --deploy {stored.deploy or 'both'}; drop --deploy to "
@@ -371,7 +370,6 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
         local = (profile.hw.arch == "cpu") or (gpu or "").lower() in LOCAL_GPUS
         chosen = "live" if engine else mode if mode != "auto" else ("measure" if local else "simulate")
         priced = _cost(cost, profile) if chosen == "simulate" else "roofline"
-        from tuner.measure import COMPILE_NOTE, resolve_compile
         slo = profile.workload.slo
         from importlib.metadata import PackageNotFoundError, version
 
@@ -401,8 +399,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                                                   (spec.compile, spec.trial_tokens))
         st.open_study(url, study_name, spec)
     if not as_json and not resume and spec.mode == "measure":
-        err_console.print(f"trials run the bundled engine's {'compiled' if spec.compile else 'eager'} steps"
-                          + (f" ({COMPILE_NOTE})" if spec.compile else ""), highlight=False)
+        err_console.print(steps_line(spec.compile), highlight=False)
     if not as_json:
         shown = escape(study_name)  # a name or path with [brackets] is text, not Rich markup
         err_console.print(f"study [bold]{shown}[/] in {escape(_shown(url))}: Ctrl-C keeps every completed trial; "

@@ -150,7 +150,7 @@ def export_study(db_url: str, name: str, out: Path, number: int | None = None) -
         seq = max_seq_len(profile, int(params["spec.block_size"]))
         if _bundled_engine_runs(params):  # dspark.yaml and its files: only for a method our engine runs
             config = tuned_engine_config(profile, params, drafter, model_path=model)
-            config.compile = bool(getattr(evaluator, "compile", False))  # as a measured study's trials ran it
+            config.compile = spec.compile  # as a measured study's trials ran it (False for the other modes)
             if _write_kernels(tmp, db_url, profile.hw.name):
                 config.kernel_file = "kernels.json"
             calibration = measured_calibration(tmp / BUNDLED_DRAFTER if bundled else None)

@@ -207,8 +207,6 @@ def can_compile(arch: str | None) -> str:
     return "" if importlib.util.find_spec("triton") is not None else "Triton is not installed"
 
 
-COMPILE_NOTE = "each new step shape compiles once before its trial is timed: seconds to a minute each, cached on disk"
-
 
 def resolve_compile(asked: bool | None, arch: str | None, mode: str = "measure") -> bool:
     """Whether a measured study's trials (and its bundle) run compiled steps: as asked (`--compile` where they cannot
@@ -223,6 +221,14 @@ def resolve_compile(asked: bool | None, arch: str | None, mode: str = "measure")
     if asked and why:
         raise TunerError(f"--compile: {why}; drop --compile to measure the eager engine")
     return why == "" if asked is None else asked
+
+
+def steps_line(compiled: bool) -> str:
+    """The start-up line of a measured study: which steps its trials run, and what compiling them costs."""
+    if not compiled:
+        return "trials run the bundled engine's eager steps"
+    return ("trials run the bundled engine's compiled steps (each new step shape compiles once before its trial is "
+            "timed: seconds to a minute each, cached on disk)")
 
 
 def check_resumed_compile(asked: bool | None, mode: str, compiled: bool, name: str) -> None:

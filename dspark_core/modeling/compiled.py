@@ -155,7 +155,7 @@ class CompiledStep:
     pool: object = None  # the graphs' shared CUDA memory pool
     use_graphs: bool | None = None  # replay CUDA graphs (default: on a GPU)
     graph_error: str = ""  # why capturing failed (the step then runs the compiled code uncaptured)
-    pack: bool = True  # verify steps run their real tokens packed (`_packed`; never under CUDA graphs: static sizes)
+    pack: bool = True  # verify steps run their real tokens packed (`_core`'s `packed`; not under CUDA graphs)
 
     def __post_init__(self) -> None:
         import torch._dynamo

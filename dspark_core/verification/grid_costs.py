@@ -1,12 +1,12 @@
 """What a compiled verify step costs when its real tokens run packed, and Algorithm 1 priced by it.
 
-A compiled step runs on a grid of b rows (a power of two) x T tokens per row (a step size). Dense, every cell runs
-the GEMMs; packed (modeling/compiled.py `_packed`, the CPU's verify steps), only the N real tokens do and attention
-alone spans the grid. Measured on SmolLM2-135M bf16 (AVX512-BF16, 2 threads, context 256; benchmarks/packed_step.py),
-8 rows x 9: all 72 tokens 80 ms, 20 real tokens 45 ms; 8 x 3: 24 tokens 41 ms, 10 real 31 ms; 8 x 1: 28 ms. Between
-its two ends a grid's time is a line in N (the GEMMs grow with the rows, attention does not), so each grid is probed
-at both: one real token a row (N = b) and every cell (N = b x T). A lone request's step always holds T real tokens
-(N = 1 is never a packed step): its grid runs from the 1-token step to the full one.
+A compiled step runs on a grid of b rows (a power of two) x T tokens per row (a step size). Dense, every cell runs the
+GEMMs; packed (modeling/compiled.py `_core`'s `packed`, the CPU's verify steps), only the N real tokens do and
+attention alone spans the grid. Measured on SmolLM2-135M bf16 (AVX512-BF16, 2 threads, context 256;
+benchmarks/packed_step.py), 8 rows x 9: all 72 tokens 80 ms, 20 real tokens 45 ms; 8 x 3: 24 tokens 41 ms, 10 real 31
+ms; 8 x 1: 28 ms. Between its two ends a grid's time is a line in N (the GEMMs grow with the rows, attention does
+not), so each grid is probed at both: one real token a row (N = b) and every cell (N = b x T). A lone request's step
+always holds T real tokens (N = 1 is never a packed step): its grid runs from the 1-token step to the full one.
 """
 
 from __future__ import annotations

@@ -365,7 +365,7 @@ def _probe_cache(target: LeanModel, max_batch_tokens: int, rows: int, context: i
 def profile_packed_sps(target: LeanModel, max_batch_tokens: int, *, rows: int, sizes: tuple[int, ...],
                        context: int = 64, repeats: int = 3, cache: KVCache | None = None,
                        hidden_layers: tuple[int, ...] = ()) -> tuple[SpsTable, GridCosts]:
-    """A compiled target whose verify steps run packed (modeling/compiled.py `_packed`): every grid probed full
+    """A compiled target whose verify steps run packed (modeling/compiled.py `_core`'s `packed`): every grid probed full
     and at one real token a row (grid_costs.probe_grids), the SPS table of the full grids (as `_dense_sps`) for
     what reads one, and the grid costs the packed schedule prices rounds with."""
     rows, cache, own = _probe_cache(target, max_batch_tokens, rows, context, sizes, cache)

@@ -15,7 +15,7 @@ from tuner.measure import MeasureEvaluator, can_compile, resolve_compile
 from tuner.space import engine_defaults
 from tuner.study import StudySpec, make_evaluator
 
-HAS_CXX = any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+HAS_CXX = can_compile("cpu") == ""  # the tuner's own test: a C++ compiler on PATH
 CPU = Profile.model_validate({"hw": {"arch": "cpu", "name": "cpu"}})
 
 
