@@ -22,6 +22,7 @@ from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResu
 from dspark_core.engine_parts import build_scheduler, install_kernel_configs, kv_dtype, step_sizes
 from dspark_core.errors import DSparkError, EngineBusy
 from dspark_core.kernels.spec import use_triton
+from dspark_core.modeling.argmax import top1
 from dspark_core.modeling.dtype_choice import fastest_dtype
 from dspark_core.pystack import on_deep_stack
 from dspark_core.stats import GenStats
@@ -353,12 +354,12 @@ class Engine:
             self.cache.truncate(r.slot, 0)
         out = self.target(inp, self.cache, [r.slot for r in batch], lens, hidden_layers=self.hidden_layers,
                           last_only=True)
-        first = out.logits[:, 0].argmax(-1).tolist() if all(r.sp.greedy for r in batch) else None
+        first = top1(out.logits[:, 0]).tolist() if all(r.sp.greedy for r in batch) else None
         for j, r in enumerate(batch):
             r.tokens = list(r.ids)
             r.generator = None if r.sp.greedy else torch.Generator().manual_seed(r.sp.seed)
             if first is not None or r.sp.greedy:
-                tok = first[j] if first is not None else int(out.row_logits(j)[0].argmax())
+                tok = first[j] if first is not None else int(top1(out.row_logits(j)[0]))
             else:
                 tok = int(torch.multinomial(sampling_probs(out.row_logits(j)[0], r.sp).cpu(), 1,
                                             generator=r.generator))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult
+from dspark_core.modeling.argmax import top1
 from dspark_core.modeling.model import KVCache, LeanModel
 from dspark_core.verification.sampling import sampling_probs
 
@@ -32,7 +33,7 @@ class ARDrafter(Drafter):
     def _next(self, logits: torch.Tensor, req: DraftRequest) -> tuple[int, torch.Tensor | None]:
         """logits [V] -> (token, q [V] or None when greedy)."""
         if req.sampling.greedy:
-            return int(logits.argmax()), None
+            return int(top1(logits)), None
         q = sampling_probs(logits, req.sampling)
         return int(torch.multinomial(q.cpu(), 1, generator=req.generator)), q
 

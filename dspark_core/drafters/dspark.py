@@ -26,6 +26,7 @@ from torch import nn
 
 from dspark_core.drafters.heads import HEADS, ConfidenceHead, SequentialHead
 from dspark_core.modeling.arch import ArchConfig
+from dspark_core.modeling.argmax import top1
 from dspark_core.modeling.model import RMSNorm, apply_rope, attend, rope_inv_freq
 from dspark_core.verification.sampling import SamplingParams, sampling_probs
 
@@ -330,7 +331,7 @@ class DSparkDraftModel(nn.Module):
             bias, state, e = self.head.step(prev, h, state, cols)
             embedded.append(e)
             logits = block.base_logits[:, k] + (bias.float() if bias is not None else 0.0)  # [B, V or M]
-            col = logits.argmax(-1)
+            col = top1(logits)
             if ent is not None:
                 logp = logits.float().log_softmax(-1)
                 ent[:, k] = -(logp.exp() * logp).sum(-1).cpu()

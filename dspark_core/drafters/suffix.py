@@ -100,9 +100,11 @@ class SuffixDrafter(Drafter):
         self._extend(s, r.tokens[len(s.tokens):])
         return s
 
-    def draft(self, context: list[int], gamma: int, tree: SuffixTree) -> Draft | None:
-        """The tree's draft for `context`: the longest matched suffix's most frequent continuation (None: no match)."""
-        found = tree.match(context, max(1, self.depth - gamma))  # leave the tree depth for a full block
+    def draft(self, context: list[int], gamma: int, tree: SuffixTree, own: bool = False) -> Draft | None:
+        """The tree's draft for `context`: the longest matched suffix's most frequent continuation (None: no match).
+        `own`: `tree` was appended `context` itself (the request's tree), so its last nodes are the match."""
+        longest = max(1, self.depth - gamma)  # leave the tree depth for a full block
+        found = tree.match_last(longest) if own else tree.match(context, longest)
         if found is None:
             return None
         node, k = found
@@ -118,7 +120,7 @@ class SuffixDrafter(Drafter):
         best: tuple[Draft | None, int] = (None, -1)
         best_score = 0.0
         for i, tree in enumerate(trees):
-            d = self.draft(context, gamma, tree)
+            d = self.draft(context, gamma, tree, own=i == 0)
             if d is not None and (score := expected_accepted(d.probs)) > best_score:
                 best, best_score = (d, i), score
         return best

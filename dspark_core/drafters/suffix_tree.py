@@ -61,10 +61,24 @@ class SuffixTree:
         return node
 
     def append(self, tokens: Sequence[int]) -> None:
-        """Extend the appended sequence by `tokens` (a request's prompt, then its output as it is committed)."""
+        """Extend the appended sequence by `tokens` (a request's prompt, then its output as it is committed).
+        `_step(parent, tok, +1)` inlined: each committed token moves `depth` nodes, every round, for every request."""
+        root, keep = self.root, self.depth - 1
         for tok in tokens:
-            longer = [self._step(a, tok, 1) for a in self._active[: self.depth - 1]]
-            self._active = [self._step(self.root, tok, 1), *longer]  # type: ignore[list-item]
+            active = []
+            for parent in [root, *self._active[:keep]]:
+                kids = parent.kids
+                if kids is None:
+                    parent.kids = kids = {}
+                node = kids.get(tok)
+                if node is None:
+                    node = kids[tok] = Node()
+                    self.nodes += 1
+                node.count += 1
+                if parent is not root:
+                    parent.cont += 1
+                active.append(node)
+            self._active = active
 
     def _walk(self, path: Sequence[int], delta: int) -> None:
         """Move the count of every prefix of `path` (one start's substrings) by delta."""
@@ -103,6 +117,17 @@ class SuffixTree:
                 if node is None:
                     break
             if node is not None and node.cont > 0:
+                return node, k
+        return None
+
+    def match_last(self, longest: int) -> tuple[Node, int] | None:
+        """`match` of the appended sequence itself (a request's tree), read off the nodes `append` keeps for the
+        suffixes ending at its last token: O(depth) where `match` walks O(depth^2). The window's dropped starts
+        never reach these nodes (`drop_start` takes only starts `depth` or more tokens before the end)."""
+        active = self._active
+        for k in range(min(longest, len(active)), 0, -1):
+            node = active[k - 1]
+            if node.cont > 0:
                 return node, k
         return None
 

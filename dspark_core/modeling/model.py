@@ -29,6 +29,7 @@ from dspark_core.kernels.rmsnorm import rmsnorm as rmsnorm_kernel
 from dspark_core.kernels.spec import use_triton
 from dspark_core.kernels.swiglu import swiglu as swiglu_kernel
 from dspark_core.modeling.arch import ArchConfig
+from dspark_core.modeling.argmax import top1
 
 
 class RMSNorm(nn.Module):
@@ -249,8 +250,8 @@ class ForwardOut:
     def argmax(self) -> torch.Tensor:
         """[B, T] long: the greedy token at every position (0 at the padding); one argmax over real tokens."""
         if self.pack is None or self.last_only:
-            return self.flat_logits.argmax(-1)
-        best = self.flat_logits.argmax(-1)  # [N]
+            return top1(self.flat_logits)
+        best = top1(self.flat_logits)  # [N]
         out = best.new_zeros(self.pack.b * self.pack.t).index_copy_(0, self.pack.index, best)
         return out.view(self.pack.b, self.pack.t)
 

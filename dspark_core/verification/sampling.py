@@ -52,10 +52,12 @@ def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     """
     import torch
 
+    from dspark_core.modeling.argmax import top1
+
     logits = logits.float()
     if params.greedy:
         out = torch.zeros_like(logits)
-        return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        return out.scatter_(-1, top1(logits)[..., None], 1.0)
     logits = logits / params.temperature
     vocab = logits.shape[-1]
     if 0 < params.top_k < vocab:

@@ -14,11 +14,12 @@ import torch
 
 from dspark_core.kernels.spec import use_triton
 from dspark_core.kernels.verify import verify as verify_kernel
+from dspark_core.modeling.argmax import top1
 
 
 def verify_greedy(target_logits: torch.Tensor, draft: torch.Tensor) -> tuple[int, int]:
     """target_logits [n + 1, V], draft [n] -> (accepted draft tokens k, the target's token after them)."""
-    best = target_logits.argmax(-1)  # [n + 1]
+    best = top1(target_logits)  # [n + 1]
     n = draft.numel()
     if n:
         miss = (best[:n] != draft).nonzero()
@@ -35,7 +36,7 @@ def verify_greedy_batch(target_logits: torch.Tensor, draft: torch.Tensor, num: l
         res = verify_kernel(draft[:, : t - 1].to(target_logits.device), target_logits, greedy=True,
                             num_verify=torch.tensor(num, device=target_logits.device))
         return list(zip(res.accept_len.tolist(), res.next_token.tolist(), strict=True))
-    return greedy_verdicts(target_logits.argmax(-1), draft, num)
+    return greedy_verdicts(top1(target_logits), draft, num)
 
 
 def greedy_verdicts(best: torch.Tensor, draft: torch.Tensor, num: list[int]) -> list[tuple[int, int]]:

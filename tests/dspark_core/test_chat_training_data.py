@@ -22,6 +22,17 @@ def test_no_prompt_is_or_names_a_benchmark_chat_prompt() -> None:
     assert not {TURN.format(text=t) for t in texts} & set(bench)
     for topic in ("hash table", "pancake", "recursion", "refrigerator", "romeo"):
         assert not any(re.search(rf"\b{topic}\b", t, re.IGNORECASE) for t in texts), topic
+    from dspark_core.safe_yaml import load_yaml
+    from dspark_core.training.chat_prompts import DATA
+
+    avoid = load_yaml(DATA.read_text(encoding="utf-8"), DATA)[0]["avoid"]
+    def names(topic: str, text: str) -> bool:  # the word or its inflections: focus, focused; vaccine, vaccines
+        return re.search(rf"\b{re.escape(topic)}(s|es|ed|ing)?\b", text, re.IGNORECASE) is not None
+
+    for prompt in bench:  # every benchmark prompt names a topic that no training text names
+        named = [a for a in avoid if names(a, prompt)]
+        assert named, prompt
+        assert not any(names(a, t) for a in named for t in texts), named
     train = {t for t in texts if not is_heldout_text(t)}
     held = {t for t in texts if is_heldout_text(t)}
     assert held and train and not train & held

@@ -139,3 +139,19 @@ def test_a_requests_tree_indexes_a_sliding_window() -> None:
     assert _dump(tree.root) == _dump(ref.root) and tree.nodes == ref.nodes
     with pytest.raises(ValueError, match="within 6 tokens of the end"):
         tree.drop_start(toks, len(toks) - 3)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_match_last_is_match_of_the_appended_sequence_through_window_drops(seed: int) -> None:
+    rng = random.Random(seed)
+    depth, window = 6, 9
+    tree, seq, dropped = SuffixTree(depth), [], 0
+    for _ in range(40):  # committed in pieces, the window's old starts dropped as the drafter does
+        piece = [rng.randrange(3) for _ in range(rng.randrange(1, 5))]
+        tree.append(piece)
+        seq.extend(piece)
+        for start in range(dropped, len(seq) - window):
+            tree.drop_start(seq, start)
+        dropped = max(dropped, len(seq) - window)
+        for longest in range(1, depth + 1):
+            assert tree.match_last(longest) == tree.match(seq, longest)
