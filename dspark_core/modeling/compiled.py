@@ -18,7 +18,9 @@ on a CPU, Triton on a GPU) whose pointwise work (norms, RoPE, SiLU, casts) is fu
   8 rows x 9 with 20 real tokens: 45 ms packed, 79 ms dense (RESULTS.md, "Packed verify steps";
   verification/grid_costs.py prices rounds by it).
   Decode steps and CUDA-graph steps (static sizes) stay dense.
-* Only steps of up to `MAX_T` tokens per row go through it (decode and verify); prefill stays eager.
+* Only steps of up to `MAX_T` tokens per row go through it (decode and verify); a prefill of fresh slots goes
+  through its own graph on a CPU (modeling/compiled_prefill.py: prompts packed, causal attention over their
+  own keys), any other long step runs eager.
 * Compiling is bounded: once `budget_s` seconds have gone into first calls, shapes not yet compiled run eager.
   Inductor caches its code on disk (`TORCHINDUCTOR_CACHE_DIR`), so a restart loads a bucket in about a second.
 * On a GPU each compiled shape is also captured in a CUDA graph and replayed (SGLang's and vLLM's decode): at batch
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from dspark_core.modeling.compiled_prefill import _prefill_core, prefill_fits, prefill_inputs
 from dspark_core.modeling.model import ForwardOut, KVCache, LeanModel, Packing, apply_rope, attend
 
 MAX_T = 17  # tokens per row a compiled step takes: the longest verify, a 16-token block + its anchor; prefill: eager
@@ -156,6 +159,7 @@ class CompiledStep:
     use_graphs: bool | None = None  # replay CUDA graphs (default: on a GPU)
     graph_error: str = ""  # why capturing failed (the step then runs the compiled code uncaptured)
     pack: bool = True  # verify steps run their real tokens packed (`_core`'s `packed`; not under CUDA graphs)
+    prefill_fn: object = None  # the compiled prefill (modeling/compiled_prefill.py; a CPU's, not under CUDA graphs)
 
     def __post_init__(self) -> None:
         import torch._dynamo
@@ -165,6 +169,7 @@ class CompiledStep:
         torch._dynamo.config.automatic_dynamic_shapes = False  # static buckets; only the marked sizes are dynamic
         torch.fx.experimental._config.use_duck_shape = False  # the key span and a packed step's N are two sizes
         self.fn = torch.compile(_core, dynamic=None)
+        self.prefill_fn = torch.compile(_prefill_core, dynamic=None)
         if self.use_graphs is None:
             self.use_graphs = self.model.device.type == "cuda"
 
@@ -185,6 +190,36 @@ class CompiledStep:
         self.refused += 1
         return False
 
+    def takes_prefill(self, tokens: torch.Tensor, cache: KVCache, slots: list[int], n_new: list[int],
+                      hidden_layers: tuple[int, ...] = ()) -> bool:
+        """Whether a last-only forward goes through the compiled prefill: prompts from position 0 (fresh slots), not
+        under CUDA graphs, while the compile budget lasts or its graph (one row, or several) is already compiled."""
+        if self.use_graphs or not prefill_fits(tokens, cache, slots, n_new):
+            return False
+        if sum(self.seen.values()) < self.budget_s or ("prefill", min(len(slots), 2), hidden_layers) in self.seen:
+            return True
+        self.refused += 1
+        return False
+
+    @torch.inference_mode()
+    def prefill(self, tokens: torch.Tensor, cache: KVCache, slots: list[int], n_new: list[int],
+                hidden_layers: tuple[int, ...] = ()) -> ForwardOut:
+        """As LeanModel.forward(..., last_only=True) for a prefill `takes_prefill` accepts: logits [B, 1, V] of each
+        row's last prompt token, hidden states packed [N, W]; the slots' lengths set to their prompts'."""
+        dev = self.model.device
+        pos, rows, packed, pack, last, grid = prefill_inputs(n_new, slots, dev)
+        flat = tokens.reshape(-1)[pack.index.cpu()].to(dev)  # [N] the real tokens, row by row
+        torch._dynamo.mark_dynamic(flat, 0)
+        key = ("prefill", min(len(slots), 2), hidden_layers)
+        t0 = time.perf_counter()
+        logits, hidden = self.prefill_fn(self.model, flat, pos, rows, packed, last, grid, cache.k, cache.v,
+                                         hidden_layers)
+        if key not in self.seen:
+            self.seen[key] = time.perf_counter() - t0
+        for r, s in enumerate(slots):
+            cache.lens[s] = n_new[r]
+        return ForwardOut(flat_logits=logits[:, None], flat_hidden=hidden, pack=pack, last_only=True)
+
     def _key(self, t: int, cache: KVCache, slots: list[int], hidden_layers: tuple[int, ...]) -> tuple:
         b = len(slots)
         view = slots == list(range(slots[0], slots[0] + b)) and bucket(b) == b
@@ -192,10 +227,11 @@ class CompiledStep:
 
     def warm(self, cache: KVCache, max_rows: int, hidden_layers: tuple[int, ...] = ()) -> str:
         """Compile (or load from disk) the decode / verify graphs a serving engine meets: rows 1, 2, 4 .. max_rows at
-        each step size, in consecutive slots and in scattered ones, on the empty slots of `cache`, within the
-        budget; a line saying what it took. Each graph serves every context length (dynamic keys). `hidden_layers`:
-        the target layers the engine's drafter reads (a graph that also returns them is another graph). What
-        compiling left alive is then frozen out of the collector's sight (`freeze_heap`)."""
+        each step size, in consecutive slots and in scattered ones, then the prefill's (one row; two and more), on
+        the empty slots of `cache`, within the budget; a line saying what it took. Each graph serves every context
+        length (dynamic keys). `hidden_layers`: the target layers the engine's drafter reads (a graph that also
+        returns them is another graph). What compiling left alive is then frozen out of the collector's sight
+        (`freeze_heap`)."""
         t0, done = time.perf_counter(), []
         rows = [r for r in (1 << i for i in range(max_rows.bit_length())) if r <= max_rows]
         for t in self.sizes:
@@ -208,6 +244,14 @@ class CompiledStep:
                     for s, n in zip(slots, before, strict=True):
                         cache.truncate(s, n)
                     done.append(f"{b}x{t}" + ("" if slots[0] == 0 else " gathered"))
+        for b in sorted({1, max_rows}):  # the prefill: one admitted request, and several (one graph for 2 and up)
+            slots = list(range(b))
+            if int(cache.lens[slots].max()) == 0 and self.takes_prefill(torch.zeros(b, 8, dtype=torch.long), cache,
+                                                                        slots, [8] * b, hidden_layers):
+                self.prefill(torch.zeros(b, 8, dtype=torch.long), cache, slots, [8] * b, hidden_layers)
+                for s in slots:
+                    cache.truncate(s, 0)
+                done.append(f"prefill {b} row{'s' if b > 1 else ''}")
         freeze_heap()
         took = time.perf_counter() - t0
         skipped = f"; budget {self.budget_s:g} s spent, {self.refused} shapes left eager" if self.refused else ""

@@ -315,6 +315,9 @@ class LeanModel(nn.Module):
         n_new = n_new if n_new is not None else [t] * b
         if self.compiled is not None and not last_only and self.compiled.takes(t, cache, slots, hidden_layers):
             return self.compiled(tokens, cache, slots, n_new, hidden_layers)
+        if self.compiled is not None and last_only and self.compiled.takes_prefill(tokens, cache, slots, n_new,
+                                                                                   hidden_layers):
+            return self.compiled.prefill(tokens, cache, slots, n_new, hidden_layers)
         starts = cache.lens[slots]  # [B] long (CPU)
         pos = starts[:, None] + torch.arange(t)[None, :]  # [B, T]
         lk = int(starts.max()) + t

@@ -114,7 +114,8 @@ def test_warm_compiles_each_row_bucket_once_and_longer_contexts_reuse_the_graph(
     cache = model.new_cache(2, 64)
     compiled = CompiledStep(model)
     line = compiled.warm(cache, 2)
-    assert line.startswith("compiled 3 step shapes (rows x tokens: 1x1, 2x1, 2x1 gathered)")
+    assert line.startswith("compiled 5 step shapes (rows x tokens: 1x1, 2x1, 2x1 gathered, prefill 1 row, "
+                           "prefill 2 rows)")
     assert cache.lens.tolist() == [0, 0]
     model(torch.randint(0, model.arch.vocab_size, (1, 30)), cache, [0])  # a long prompt (eager prefill)
     model.compiled = compiled
@@ -123,7 +124,7 @@ def test_warm_compiles_each_row_bucket_once_and_longer_contexts_reuse_the_graph(
             model(torch.randint(0, model.arch.vocab_size, (1, 1)), cache, [0])
     finally:
         model.compiled = None
-    assert cache.lens.tolist() == [31, 0] and len(compiled.seen) == 3
+    assert cache.lens.tolist() == [31, 0] and len(compiled.seen) == 5
 
 
 def test_warm_compiles_the_graph_that_returns_the_drafters_hidden_states():
@@ -132,8 +133,8 @@ def test_warm_compiles_the_graph_that_returns_the_drafters_hidden_states():
     model = load_model(ASSETS / "target", "cpu", "fp32")
     cache = model.new_cache(1, 64)
     compiled = CompiledStep(model)
-    assert compiled.warm(cache, 1, (0,)).startswith("compiled 1 step shapes (rows x tokens: 1x1, with the hidden "
-                                                   "states of layers [0])")
+    assert compiled.warm(cache, 1, (0,)).startswith("compiled 2 step shapes (rows x tokens: 1x1, prefill 1 row, "
+                                                   "with the hidden states of layers [0])")
     model(torch.randint(0, model.arch.vocab_size, (1, 5)), cache, [0])
     model.compiled = compiled
     try:
@@ -141,7 +142,7 @@ def test_warm_compiles_the_graph_that_returns_the_drafters_hidden_states():
             out = model(torch.randint(0, model.arch.vocab_size, (1, 1)), cache, [0], hidden_layers=(0,))
     finally:
         model.compiled = None
-    assert out.flat_hidden is not None and len(compiled.seen) == 1
+    assert out.flat_hidden is not None and len(compiled.seen) == 2
 
 
 def test_engines_sharing_a_target_share_one_compiled_step_with_all_their_sizes():
@@ -194,3 +195,36 @@ def test_graph_replay_refreshes_static_inputs_and_pads_the_key_span(monkeypatch)
     spans = sorted({k[2] for k in step.graphs})
     assert spans == [256, 512] and not step.graph_error
     assert len(step.graphs) == 5  # (2x1 from slot 0, 2x1 gathered) x 2 spans + the 2x4 verify
+
+
+def test_a_compiled_prefill_equals_eager_and_runs_only_on_fresh_slots():
+    """Prompts packed through the prefill graph (modeling/compiled_prefill.py): the last tokens' logits, every prompt
+    position's hidden states and K/V equal eager's in fp32, for ragged rows and for one row; a slot with context or
+    a one-token prompt runs eager."""
+    torch.manual_seed(0)
+    model = load_model(ASSETS / "target", "cpu", "fp32")
+    v, layers = model.arch.vocab_size, (0, model.arch.num_hidden_layers - 1)
+    compiled = CompiledStep(model)
+    for slots, n_new in (([2, 0, 1], [6, 2, 5]), ([1], [7])):
+        prompts = torch.randint(0, v, (len(slots), max(n_new)))
+        eager, comp = model.new_cache(3, 64), model.new_cache(3, 64)
+        want = model(prompts, eager, slots, n_new, hidden_layers=layers, last_only=True)
+        assert compiled.takes_prefill(prompts, comp, slots, n_new, layers)
+        model.compiled = compiled
+        try:
+            got = model(prompts, comp, slots, n_new, hidden_layers=layers, last_only=True)
+        finally:
+            model.compiled = None
+        assert got.logits.shape == want.logits.shape == (len(slots), 1, v)
+        assert torch.allclose(got.logits, want.logits, atol=1e-4, rtol=1e-4)
+        assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
+        for r, n in enumerate(n_new):
+            assert torch.allclose(got.row_hidden(r), want.row_hidden(r)[:n], atol=1e-4, rtol=1e-4)
+        assert comp.lens.tolist() == eager.lens.tolist()
+        for layer in range(model.arch.num_hidden_layers):
+            for s, n in zip(slots, n_new, strict=True):
+                assert torch.allclose(comp.k[layer][s, :n], eager.k[layer][s, :n], atol=1e-5)
+                assert torch.allclose(comp.v[layer][s, :n], eager.v[layer][s, :n], atol=1e-5)
+    assert set(compiled.seen) == {("prefill", 2, layers), ("prefill", 1, layers)}
+    assert not compiled.takes_prefill(torch.zeros(1, 3, dtype=torch.long), comp, [1], [3])  # slot 1 holds a prompt
+    assert not compiled.takes_prefill(torch.zeros(1, 1, dtype=torch.long), comp, [2], [1])  # one token
