@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from dspark_core.modeling.compiled_prefill import _prefill_core, prefill_fits, prefill_inputs
 from dspark_core.modeling.model import ForwardOut, KVCache, LeanModel, Packing, apply_rope, attend
 
-MAX_T = 17  # tokens per row a compiled step takes: the longest verify, a 16-token block + its anchor; prefill: eager
+MAX_T = 17  # tokens per row a compiled step takes: the longest verify, a 16-token block + its anchor
 SPAN_FLOOR = 256  # a CUDA graph's key span: the next power of two >= max(Lk, this), capped by the cache
 
 
@@ -227,11 +227,11 @@ class CompiledStep:
 
     def warm(self, cache: KVCache, max_rows: int, hidden_layers: tuple[int, ...] = ()) -> str:
         """Compile (or load from disk) the decode / verify graphs a serving engine meets: rows 1, 2, 4 .. max_rows at
-        each step size, in consecutive slots and in scattered ones, then the prefill's (one row; two and more), on
-        the empty slots of `cache`, within the budget; a line saying what it took. Each graph serves every context
-        length (dynamic keys). `hidden_layers`: the target layers the engine's drafter reads (a graph that also
-        returns them is another graph). What compiling left alive is then frozen out of the collector's sight
-        (`freeze_heap`)."""
+        each step size, in consecutive slots and in scattered ones, then the prefill's (one row; two and more, which
+        write their slots' first positions: no request may be live), within the budget; a line saying what it took.
+        Each graph serves every context length (dynamic keys). `hidden_layers`: the target layers the engine's
+        drafter reads (a graph that also returns them is another graph). What compiling left alive is then frozen
+        out of the collector's sight (`freeze_heap`)."""
         t0, done = time.perf_counter(), []
         rows = [r for r in (1 << i for i in range(max_rows.bit_length())) if r <= max_rows]
         for t in self.sizes:
@@ -245,13 +245,12 @@ class CompiledStep:
                         cache.truncate(s, n)
                     done.append(f"{b}x{t}" + ("" if slots[0] == 0 else " gathered"))
         for b in sorted({1, max_rows}):  # the prefill: one admitted request, and several (one graph for 2 and up)
-            slots = list(range(b))
-            if int(cache.lens[slots].max()) == 0 and self.takes_prefill(torch.zeros(b, 8, dtype=torch.long), cache,
-                                                                        slots, [8] * b, hidden_layers):
+            slots, before = list(range(b)), cache.lens.clone()
+            cache.lens[slots] = 0  # a prefill starts its slots afresh (no request is live while warming)
+            if self.takes_prefill(torch.zeros(b, 8, dtype=torch.long), cache, slots, [8] * b, hidden_layers):
                 self.prefill(torch.zeros(b, 8, dtype=torch.long), cache, slots, [8] * b, hidden_layers)
-                for s in slots:
-                    cache.truncate(s, 0)
                 done.append(f"prefill {b} row{'s' if b > 1 else ''}")
+            cache.lens.copy_(before)
         freeze_heap()
         took = time.perf_counter() - t0
         skipped = f"; budget {self.budget_s:g} s spent, {self.refused} shapes left eager" if self.refused else ""
