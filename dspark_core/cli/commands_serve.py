@@ -103,8 +103,8 @@ def serve_cmd(
     if said:
         typer.echo(f"loaded in {time.perf_counter() - t0:.1f} s", err=True)
     if engine.target.compiled is not None:
-        typer.echo(f"compiling the decode / verify steps (at most {cfg.compile_budget_s:g} s; cached on disk) ...",
-                   err=True)
+        typer.echo(f"compiling the decode / verify / prefill steps (at most {cfg.compile_budget_s:g} s; cached on "
+                   "disk) ...", err=True)
         typer.echo(worker.submit(on_deep_stack, engine.target.compiled.warm, engine.cache, cfg.batch.max_requests,
                                  engine.hidden_layers).result(), err=True)
     name = served_name or Path(cfg.model.path).name

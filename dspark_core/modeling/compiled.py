@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from dspark_core.modeling.compiled_prefill import _prefill_core, prefill_fits, prefill_inputs
+from dspark_core.modeling.compiled_prefill import prefill_core, prefill_fits, prefill_inputs
 from dspark_core.modeling.model import ForwardOut, KVCache, LeanModel, Packing, apply_rope, attend
 
 MAX_T = 17  # tokens per row a compiled step takes: the longest verify, a 16-token block + its anchor
@@ -169,7 +169,7 @@ class CompiledStep:
         torch._dynamo.config.automatic_dynamic_shapes = False  # static buckets; only the marked sizes are dynamic
         torch.fx.experimental._config.use_duck_shape = False  # the key span and a packed step's N are two sizes
         self.fn = torch.compile(_core, dynamic=None)
-        self.prefill_fn = torch.compile(_prefill_core, dynamic=None)
+        self.prefill_fn = torch.compile(prefill_core, dynamic=None)
         if self.use_graphs is None:
             self.use_graphs = self.model.device.type == "cuda"
 

@@ -27,7 +27,7 @@ def _on_grid(z: torch.Tensor, packed: torch.Tensor, b: int, t: int) -> torch.Ten
     return z.new_zeros(b * t, heads, hd).index_copy(0, packed, z).view(b, t, heads, hd).transpose(1, 2)
 
 
-def _prefill_core(model: LeanModel, tokens: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
+def prefill_core(model: LeanModel, tokens: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
                   packed: torch.Tensor, last: torch.Tensor, grid: torch.Tensor, ks: list[torch.Tensor],
                   vs: list[torch.Tensor], hidden_layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """tokens, pos, rows [N] long (real tokens row by row; pos from 0 in each row, rows = its cache slot); packed [N]

@@ -269,7 +269,7 @@ class LeanModel(nn.Module):
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", rope_inv_freq(arch), persistent=False)
-        self.compiled = None  # a CompiledStep (modeling/compiled.py) that takes decode / verify steps, or eager
+        self.compiled = None  # a CompiledStep (modeling/compiled.py): decode / verify steps, fresh prefills
 
     @property
     def device(self) -> torch.device:
