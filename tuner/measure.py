@@ -207,7 +207,6 @@ def can_compile(arch: str | None) -> str:
     return "" if importlib.util.find_spec("triton") is not None else "Triton is not installed"
 
 
-
 def resolve_compile(asked: bool | None, arch: str | None, mode: str = "measure") -> bool:
     """Whether a measured study's trials (and its bundle) run compiled steps: as asked (`--compile` where they cannot
     be built, or for a study that runs no engine here, is one TunerError line), else wherever they can be: the

@@ -185,10 +185,20 @@ class CompiledStep:
         padded = self.t_bucket(t)
         if padded > MAX_T or int(cache.lens[slots].max()) + padded > cache.max_len:
             return False
-        if sum(self.seen.values()) < self.budget_s or self._key(t, cache, slots, hidden_layers) in self.seen:
+        return self._affordable(self._key(t, cache, slots, hidden_layers))
+
+    def _affordable(self, key: tuple) -> bool:
+        """Whether a step of graph `key` runs compiled: already compiled, or the compile budget not yet spent (a refusal
+        is counted: the warm line reports the shapes left eager)."""
+        if sum(self.seen.values()) < self.budget_s or key in self.seen:
             return True
         self.refused += 1
         return False
+
+    @staticmethod
+    def _prefill_key(slots: list[int], hidden_layers: tuple[int, ...]) -> tuple:
+        """The prefill's graph: one for a single row, one for two and more (rows a dynamic size)."""
+        return "prefill", min(len(slots), 2), hidden_layers
 
     def takes_prefill(self, tokens: torch.Tensor, cache: KVCache, slots: list[int], n_new: list[int],
                       hidden_layers: tuple[int, ...] = ()) -> bool:
@@ -196,10 +206,7 @@ class CompiledStep:
         under CUDA graphs, while the compile budget lasts or its graph (one row, or several) is already compiled."""
         if self.use_graphs or not prefill_fits(tokens, cache, slots, n_new):
             return False
-        if sum(self.seen.values()) < self.budget_s or ("prefill", min(len(slots), 2), hidden_layers) in self.seen:
-            return True
-        self.refused += 1
-        return False
+        return self._affordable(self._prefill_key(slots, hidden_layers))
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, cache: KVCache, slots: list[int], n_new: list[int],
@@ -207,12 +214,12 @@ class CompiledStep:
         """As LeanModel.forward(..., last_only=True) for a prefill `takes_prefill` accepts: logits [B, 1, V] of each
         row's last prompt token, hidden states packed [N, W]; the slots' lengths set to their prompts'."""
         dev = self.model.device
-        pos, rows, packed, pack, last, grid = prefill_inputs(n_new, slots, dev)
+        pos, rows, pack, last, grid = prefill_inputs(n_new, slots, dev)
         flat = tokens.reshape(-1)[pack.index.cpu()].to(dev)  # [N] the real tokens, row by row
         torch._dynamo.mark_dynamic(flat, 0)
-        key = ("prefill", min(len(slots), 2), hidden_layers)
+        key = self._prefill_key(slots, hidden_layers)
         t0 = time.perf_counter()
-        logits, hidden = self.prefill_fn(self.model, flat, pos, rows, packed, last, grid, cache.k, cache.v,
+        logits, hidden = self.prefill_fn(self.model, flat, pos, rows, pack.index, last, grid, cache.k, cache.v,
                                          hidden_layers)
         if key not in self.seen:
             self.seen[key] = time.perf_counter() - t0
@@ -245,10 +252,10 @@ class CompiledStep:
                         cache.truncate(s, n)
                     done.append(f"{b}x{t}" + ("" if slots[0] == 0 else " gathered"))
         for b in sorted({1, max_rows}):  # the prefill: one admitted request, and several (one graph for 2 and up)
-            slots, before = list(range(b)), cache.lens.clone()
+            slots, before, prompts = list(range(b)), cache.lens.clone(), torch.zeros(b, 8, dtype=torch.long)
             cache.lens[slots] = 0  # a prefill starts its slots afresh (no request is live while warming)
-            if self.takes_prefill(torch.zeros(b, 8, dtype=torch.long), cache, slots, [8] * b, hidden_layers):
-                self.prefill(torch.zeros(b, 8, dtype=torch.long), cache, slots, [8] * b, hidden_layers)
+            if self.takes_prefill(prompts, cache, slots, [8] * b, hidden_layers):
+                self.prefill(prompts, cache, slots, [8] * b, hidden_layers)
                 done.append(f"prefill {b} row{'s' if b > 1 else ''}")
             cache.lens.copy_(before)
         freeze_heap()

@@ -63,9 +63,10 @@ def prefill_core(model: LeanModel, tokens: torch.Tensor, pos: torch.Tensor, rows
 
 
 def prefill_inputs(n_new: list[int], slots: list[int], device: torch.device
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Packing, torch.Tensor, torch.Tensor]:
-    """(pos [N], rows [N], packed [N], the Packing, last [B], grid [B, T]) of rows with n_new[r] prompt tokens from
-    position 0 in cache slots `slots`, the dynamic sizes marked for the compiled graph."""
+                   ) -> tuple[torch.Tensor, torch.Tensor, Packing, torch.Tensor, torch.Tensor]:
+    """(pos [N], rows [N], the Packing (its index [N]: each token's place in the grid), last [B], grid [B, T]) of
+    rows with n_new[r] prompt tokens from position 0 in cache slots `slots`, the dynamic sizes marked for the
+    compiled graph."""
     b, t = len(n_new), max(n_new)
     pack = Packing.of(n_new, t, device)
     pos = torch.cat([torch.arange(n) for n in n_new]).to(device)
@@ -78,7 +79,7 @@ def prefill_inputs(n_new: list[int], slots: list[int], device: torch.device
     if b > 1:
         torch._dynamo.mark_dynamic(grid, 0)
         torch._dynamo.mark_dynamic(last, 0)
-    return pos, rows, pack.index, pack, last, grid
+    return pos, rows, pack, last, grid
 
 
 def prefill_fits(tokens: torch.Tensor, cache: KVCache, slots: list[int], n_new: list[int]) -> bool:
