@@ -29,25 +29,34 @@ sys.path.insert(0, str(ROOT))
 CONFIG = ROOT / "benchmarks" / "configs" / "suffix_full_block.yaml"
 
 
-def run(method: str, concurrency: int, prompts: Path, limit: int, collector: str) -> dict[str, Any]:
+def real_target(prompts: Path, limit: int) -> tuple[Any, Any, Any, list[list[int]]]:
+    """(the suffix config on SmolLM2-135M bf16, compiled; its target; tokenizer; the prompts' ids, their last 1,024
+    tokens) on two threads: what this script and benchmarks/mixed_prefill.py run on."""
     import torch
 
-    import dspark_core.modeling.compiled as compiled
-    import dspark_core.verification.verify_scheduler as vs
-    from dspark_core.cli.bench import BenchSpec, build_methods, run_bench
     from dspark_core.cli.commands import _config
     from dspark_core.cli.prompts import load_prompts
     from dspark_core.modeling.checkpoint import load_model
-    from dspark_core.modeling.compiled import bucket
     from dspark_core.modeling.tokenizer import Tokenizer
-    from dspark_core.verification.sampling import SamplingParams
 
     torch.set_num_threads(2)
     cfg = _config(CONFIG, "smollm2-135m", "bf16")
     cfg.compile = True
     target = load_model(cfg.model.path, cfg.device, cfg.weights.dtype)
     tok = Tokenizer.load(cfg.model.tokenizer or cfg.model.path, target.arch.eos_ids)
-    ids = [tok.encode(r.prompt)[-1024:] for r in load_prompts(prompts, limit)]
+    return cfg, target, tok, [tok.encode(r.prompt)[-1024:] for r in load_prompts(prompts, limit)]
+
+
+def run(method: str, concurrency: int, prompts: Path, limit: int, collector: str) -> dict[str, Any]:
+    import torch
+
+    import dspark_core.modeling.compiled as compiled
+    import dspark_core.verification.verify_scheduler as vs
+    from dspark_core.cli.bench import BenchSpec, build_methods, run_bench
+    from dspark_core.modeling.compiled import bucket
+    from dspark_core.verification.sampling import SamplingParams
+
+    cfg, target, tok, ids = real_target(prompts, limit)
     spec = BenchSpec(prompts=ids, methods=["plain", method], repeats=1, concurrency=concurrency, block_size=8,
                      sampling=SamplingParams(temperature=0.0, max_new_tokens=128, seed=0))
     built = build_methods(spec, cfg, target, tok)

@@ -21,16 +21,15 @@ from dspark_core.config import HOT_SPEC, EngineConfig, SpecSection, apply_params
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult, VerifyScheduler
 from dspark_core.engine_parts import build_scheduler, install_kernel_configs, kv_dtype, step_sizes
 from dspark_core.errors import DSparkError, EngineBusy
-from dspark_core.kernels.spec import use_triton
 from dspark_core.modeling.argmax import top1
 from dspark_core.modeling.dtype_choice import fastest_dtype
 from dspark_core.pystack import on_deep_stack
 from dspark_core.stats import GenStats
 from dspark_core.verification.sampling import SamplingParams, sampling_probs
-from dspark_core.verification.verify import greedy_verdicts, verify_greedy, verify_greedy_batch, verify_sampling
+from dspark_core.verification.verify import round_verdicts
 
 if TYPE_CHECKING:
-    from dspark_core.modeling.model import LeanModel
+    from dspark_core.modeling.model import ForwardOut, LeanModel
     from dspark_core.modeling.tokenizer import Tokenizer
 
 
@@ -221,26 +220,42 @@ class Engine:
         return set(self._ids)
 
     def step(self) -> list[Update]:
-        """Admit waiting requests into free slots (one ragged prefill), then one speculative round for every
-        running request. Returns one update per request that committed tokens or finished."""
+        """Admit waiting requests into free slots, then one speculative round for every running request; one update
+        per request that committed tokens or finished. Admitted prompts prefill in a ragged forward of their own, or
+        inside this round's verify forward where the compiled step mixes them in (`batch.mixed_prefill`; they join
+        the running batch from the next round): modeling/compiled_mixed.py says what that saves."""
         updates: dict[str, Update] = {}
         batch = self._take_batch() if self._waiting and self._free else []
-        if batch:
-            for req in self._admit(batch):
-                updates[req.rid] = Update(req.rid, list(req.out))
-                if req.finish:
-                    updates[req.rid].output = self._finish(req)
-                else:
-                    self._running.append(req)
-            self._running.sort(key=lambda r: r.slot)  # rows in slot order: the target reads consecutive slots
+        mixing = bool(batch) and bool(self._running) and self._mixes(batch)
+        if batch and not mixing:
+            self._started(self._admit(batch), updates)
         if self._running:
-            for req, kept in zip(self._running, self._round(self._running), strict=True):
+            for req, kept in zip(self._running, self._round(self._running, batch if mixing else []), strict=True):
                 u = updates.setdefault(req.rid, Update(req.rid, []))
                 u.new_tokens.extend(kept)
             for req in [r for r in self._running if r.finish]:
                 self._running.remove(req)
                 updates[req.rid].output = self._finish(req)
+        if mixing:
+            self._started(batch, updates)
         return list(updates.values())
+
+    def _started(self, batch: list[_Request], updates: dict[str, Update]) -> None:
+        """Record the prefilled requests' first tokens; those not finished by them join the running batch."""
+        for req in batch:
+            updates[req.rid] = Update(req.rid, list(req.out))
+            if req.finish:
+                updates[req.rid].output = self._finish(req)
+            else:
+                self._running.append(req)
+        self._running.sort(key=lambda r: r.slot)  # rows in slot order: the target reads consecutive slots
+
+    def _mixes(self, batch: list[_Request]) -> bool:
+        """Whether the next round's verify forward can prefill `batch` too."""
+        if not self.config.batch.mixed_prefill or self.target.compiled is None:
+            return False
+        return self.target.compiled.takes_mixed(self.cache, [r.slot for r in self._running], [r.slot for r in batch],
+                                [len(r.ids) for r in batch], self.hidden_layers)
 
     def reset_stats(self) -> GenStats:
         """Start a new stats window; returns the one that ends."""
@@ -341,19 +356,28 @@ class Engine:
                 break
             req = self._waiting.popleft()
             req.slot = self._free.pop()
+            self.cache.truncate(req.slot, 0)  # a taken slot starts empty
             batch.append(req)
         return batch
 
     def _admit(self, batch: list[_Request]) -> list[_Request]:
-        """Prefill the batch's prompts in one forward (ragged: only real tokens are computed), sample each first
-        token, reset the drafter."""
+        """Prefill the batch's prompts in one forward (ragged: only real tokens are computed), then start them."""
+        inp, lens = self._prompts(batch)
+        out = self.target(inp, self.cache, [r.slot for r in batch], lens, hidden_layers=self.hidden_layers,
+                          last_only=True)
+        self._start(batch, out)
+        return batch
+
+    def _prompts(self, batch: list[_Request]) -> tuple[torch.Tensor, list[int]]:
+        """The batch's prompts as [B, longest] (zeros past each) and their lengths."""
         lens = [len(r.ids) for r in batch]
         inp = torch.zeros(len(batch), max(lens), dtype=torch.long)
         for j, r in enumerate(batch):
-            inp[j, : len(r.ids)] = torch.tensor(r.ids)
-            self.cache.truncate(r.slot, 0)
-        out = self.target(inp, self.cache, [r.slot for r in batch], lens, hidden_layers=self.hidden_layers,
-                          last_only=True)
+            inp[j, : lens[j]] = torch.tensor(r.ids)
+        return inp, lens
+
+    def _start(self, batch: list[_Request], out: ForwardOut) -> None:
+        """From the prefill's last-token logits: sample each request's first token, reset the drafter on its prompt."""
         first = top1(out.logits[:, 0]).tolist() if all(r.sp.greedy for r in batch) else None
         for j, r in enumerate(batch):
             r.tokens = list(r.ids)
@@ -368,7 +392,6 @@ class Engine:
                 self.drafter.reset(r.slot, list(r.ids), hid)
             self._commit(r, [tok])
             r.first_token_s = time.perf_counter() - r.arrival
-        return batch
 
     def _commit(self, req: _Request, new: list[int]) -> list[int]:
         """Append tokens up to a stop token / max_new_tokens; returns what was kept."""
@@ -398,8 +421,9 @@ class Engine:
         return Output(prompt_tokens=len(req.ids), token_ids=req.out, text=text, finish_reason=req.finish,
                       ttft_s=req.first_token_s, latency_s=time.perf_counter() - req.arrival, request_id=req.rid)
 
-    def _round(self, running: list[_Request]) -> list[list[int]]:
-        """One speculative round for every running request; returns the tokens each committed."""
+    def _round(self, running: list[_Request], admit: list[_Request]) -> list[list[int]]:
+        """One speculative round for every running request; returns the tokens each committed. Its verify forward
+        also prefills `admit` (the compiled mixed step), which are started after the round."""
         t_round = time.perf_counter()
         block = self.config.spec.block_size if self.drafter else 0
         if self.gamma_cap is not None:
@@ -436,14 +460,19 @@ class Engine:
                 inp[i, 1 : nv[i] + 1] = drafts[i, : nv[i]]
         bases = [len(r.tokens) - 1 for r in running]
         t1 = time.perf_counter()
-        out = self.target(inp, self.cache, [r.slot for r in running], [n + 1 for n in nv],
-                          hidden_layers=self.hidden_layers)
-        verdicts = self._verdicts(out, inp, nv, running, prop)  # reads the logits: the forward has finished
+        slots, n_new = [r.slot for r in running], [n + 1 for n in nv]
+        if admit:
+            prompts, plens = self._prompts(admit)
+            out, fill = self.target.compiled.mixed(inp, self.cache, slots, n_new, prompts, [r.slot for r in admit],
+                                                   plens, self.hidden_layers)
+        else:
+            out = self.target(inp, self.cache, slots, n_new, hidden_layers=self.hidden_layers)
+        verdicts = round_verdicts(out, inp, nv, [r.sp for r in running], [r.generator for r in running], prop.probs)
         stats = self.stats
         stats.draft_s += t1 - t0
         took = time.perf_counter() - t1
         stats.verify_s += took
-        if hasattr(self.scheduler, "step_took"):  # a compiled target's scheduler prices its shapes by these
+        if hasattr(self.scheduler, "step_took") and not admit:  # a compiled target's scheduler prices its shapes by
             self.scheduler.step_took(b, t, took, sum(nv) + b)
         stats.steps += 1
         stats.verify_tokens += sum(nv) + b
@@ -460,30 +489,12 @@ class Engine:
         if self.drafter:
             self.drafter.update(results)
         self.scheduler.observe(results)
+        if admit:
+            self._start(admit, fill)
+            stats.admit_rounds += 1
         took = time.perf_counter() - t_round
         stats.decode_s += took
         if len(running) == self.config.batch.max_requests:
             stats.full_s += took
             stats.full_tokens += sum(len(k) for k in committed)
         return committed
-
-    @staticmethod
-    def _verdicts(out, inp: torch.Tensor, nv: list[int], running: list[_Request],
-                  prop: Proposal) -> list[tuple[int, int]]:
-        """(accepted drafts, next token) per row: batched greedy matching when every row is greedy, else row by
-        row (greedy rows by argmax, sampled rows by rejection sampling)."""
-        if all(r.sp.greedy for r in running):
-            if out.pack is not None and not use_triton(out.flat_logits):  # ragged: argmax of real tokens only
-                return greedy_verdicts(out.argmax(), inp[:, 1:], nv)
-            return verify_greedy_batch(out.logits, inp[:, 1:], nv)
-        verdicts = []
-        for i, r in enumerate(running):
-            logits = out.row_logits(i)[: nv[i] + 1]
-            draft = inp[i, 1 : nv[i] + 1].to(logits.device)
-            if r.sp.greedy:
-                verdicts.append(verify_greedy(logits, draft))
-                continue
-            p = sampling_probs(logits, r.sp)
-            q = prop.probs[i, : nv[i]].to(p.device) if prop.probs is not None else None
-            verdicts.append(verify_sampling(p, q, draft, r.generator))
-        return verdicts

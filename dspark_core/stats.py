@@ -26,7 +26,8 @@ class GenStats:
     cut: int = 0  # requests stopped unfinished by generate()'s time limit
     draft_s: float = 0.0  # host wall time in the drafter (propose + scheduler), decode steps only
     verify_s: float = 0.0  # host wall time of the target's verify forwards and their verdicts
-    decode_s: float = 0.0  # wall time of the decode rounds (everything but admission and prefill)
+    decode_s: float = 0.0  # wall time of the decode rounds (all but the prefills run apart from a round)
+    admit_rounds: int = 0  # rounds whose verify forward also prefilled requests admitted while others ran
     full_s: float = 0.0  # wall time of the decode rounds every batch slot took part in
     full_tokens: int = 0  # tokens those rounds committed
 
@@ -90,5 +91,6 @@ class GenStats:
             "tau": round(self.tau, 4),
             "position_acceptance": [round(x, 4) for x in self.position_acceptance],
             "verify_tokens_per_step": round(self.verify_tokens_per_step, 3),
+            "admit_rounds": self.admit_rounds,
             "acceptance_rate": round(self.accepted / self.verified, 4) if self.verified else 0.0,
         }

@@ -20,7 +20,8 @@ on a CPU, Triton on a GPU) whose pointwise work (norms, RoPE, SiLU, casts) is fu
   Decode steps and CUDA-graph steps (static sizes) stay dense.
 * Only steps of up to `MAX_T` tokens per row go through it (decode and verify); a prefill of fresh slots goes
   through its own graph on a CPU (modeling/compiled_prefill.py: prompts packed, causal attention over their
-  own keys), any other long step runs eager.
+  own keys), and requests admitted while others run are prefilled inside the running batch's next verify step
+  (modeling/compiled_mixed.py: one forward, attention split); any other long step runs eager.
 * Compiling is bounded: once `budget_s` seconds have gone into first calls, shapes not yet compiled run eager.
   Inductor caches its code on disk (`TORCHINDUCTOR_CACHE_DIR`), so a restart loads a bucket in about a second.
 * On a GPU each compiled shape is also captured in a CUDA graph and replayed (SGLang's and vLLM's decode): at batch
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from dspark_core.modeling.compiled_mixed import mixed_core, mixed_fits, mixed_inputs
 from dspark_core.modeling.compiled_prefill import prefill_core, prefill_fits, prefill_inputs
 from dspark_core.modeling.model import ForwardOut, KVCache, LeanModel, Packing, apply_rope, attend
 
@@ -160,6 +162,7 @@ class CompiledStep:
     graph_error: str = ""  # why capturing failed (the step then runs the compiled code uncaptured)
     pack: bool = True  # verify steps run their real tokens packed (`_core`'s `packed`; not under CUDA graphs)
     prefill_fn: object = None  # the compiled prefill (modeling/compiled_prefill.py; a CPU's, not under CUDA graphs)
+    mixed_fn: object = None  # the compiled verify + prefill step (modeling/compiled_mixed.py)
 
     def __post_init__(self) -> None:
         import torch._dynamo
@@ -170,6 +173,7 @@ class CompiledStep:
         torch.fx.experimental._config.use_duck_shape = False  # the key span and a packed step's N are two sizes
         self.fn = torch.compile(_core, dynamic=None)
         self.prefill_fn = torch.compile(prefill_core, dynamic=None)
+        self.mixed_fn = torch.compile(mixed_core, dynamic=None)
         if self.use_graphs is None:
             self.use_graphs = self.model.device.type == "cuda"
 
@@ -227,6 +231,52 @@ class CompiledStep:
             cache.lens[s] = n_new[r]
         return ForwardOut(flat_logits=logits[:, None], flat_hidden=hidden, pack=pack, last_only=True)
 
+    def takes_mixed(self, cache: KVCache, slots: list[int], pslots: list[int], plens: list[int],
+                    hidden_layers: tuple[int, ...] = ()) -> bool:
+        """Whether the rows in `slots` can verify up to MAX_T tokens each in one compiled step with the prompts
+        (plens tokens each) of the fresh slots `pslots`: not under CUDA graphs, every row within its slot, while the
+        compile budget lasts or the mixed graph is already compiled."""
+        if self.use_graphs or not mixed_fits(cache, slots, pslots, plens, MAX_T):
+            return False
+        return self._affordable(("mixed", hidden_layers))
+
+    @torch.inference_mode()
+    def mixed(self, tokens: torch.Tensor, cache: KVCache, slots: list[int], n_new: list[int], prompts: torch.Tensor,
+              pslots: list[int], plens: list[int], hidden_layers: tuple[int, ...] = ()
+              ) -> tuple[ForwardOut, ForwardOut]:
+        """A verify step of `tokens` [B, T] (n_new real a row) in `slots` and the prefill of `prompts` [Bp, Tp] (plens
+        real a row) in the fresh slots `pslots`, one forward (modeling/compiled_mixed.py): (the step's ForwardOut as
+        `__call__`'s packed one, the prefill's as `prefill`'s); the slots' lengths advanced."""
+        dev = self.model.device
+        b, t = tokens.shape
+        graph_new = [2] + n_new[1:] if sum(n_new) == 1 else n_new  # >= 2 real tokens: a lone decode row writes a
+        # second, padding token past its length (overwritten before anyone reads it, as a padded step's)
+        inp = mixed_inputs(cache, slots, graph_new, max(t, 2), pslots, plens, dev)
+        bv, tv = inp["vpos"].shape
+        vtok = torch.zeros(bv, tv, dtype=torch.long)
+        vtok[:b, :t] = tokens
+        ptok = prompts.reshape(-1)[inp["ppack"].index.cpu()].to(dev)  # [Np] the prompts' tokens, row by row
+        vtok = vtok.to(dev)
+        torch._dynamo.mark_dynamic(vtok, 0)
+        torch._dynamo.mark_dynamic(vtok, 1)
+        torch._dynamo.mark_dynamic(ptok, 0)
+        starts = cache.lens[slots].clone()
+        t0 = time.perf_counter()
+        logits, hidden = self.mixed_fn(self.model, vtok, inp["vpos"], inp["vslots"], inp["vpack"].index, inp["span"],
+                                       ptok, inp["ppos"], inp["prows"], inp["ppack"].index, inp["plast"],
+                                       inp["pgrid"], cache.k, cache.v, hidden_layers)
+        self.seen.setdefault(("mixed", hidden_layers), time.perf_counter() - t0)
+        for r, s in enumerate(slots):
+            cache.lens[s] = int(starts[r]) + n_new[r]
+        for r, s in enumerate(pslots):
+            cache.lens[s] = plens[r]
+        nv, ng = sum(n_new), sum(graph_new)
+        step = ForwardOut(flat_logits=logits[:nv], flat_hidden=None if hidden is None else hidden[:nv],
+                          pack=Packing.of(n_new, t, dev))
+        fill = ForwardOut(flat_logits=logits[ng: ng + len(pslots), None], flat_hidden=None if hidden is None
+                          else hidden[ng:], pack=inp["ppack"], last_only=True)
+        return step, fill
+
     def _key(self, t: int, cache: KVCache, slots: list[int], hidden_layers: tuple[int, ...]) -> tuple:
         b = len(slots)
         view = slots == list(range(slots[0], slots[0] + b)) and bucket(b) == b
@@ -234,8 +284,9 @@ class CompiledStep:
 
     def warm(self, cache: KVCache, max_rows: int, hidden_layers: tuple[int, ...] = ()) -> str:
         """Compile (or load from disk) the decode / verify graphs a serving engine meets: rows 1, 2, 4 .. max_rows at
-        each step size, in consecutive slots and in scattered ones, then the prefill's (one row; two and more, which
-        write their slots' first positions: no request may be live), within the budget; a line saying what it took.
+        each step size, in consecutive slots and in scattered ones, then the prefill's (one row; two and more) and
+        the verify step that prefills admitted requests (these write their slots' first positions: no request may be
+        live), within the budget; a line saying what it took.
         Each graph serves every context length (dynamic keys). `hidden_layers`: the target layers the engine's
         drafter reads (a graph that also returns them is another graph). What compiling left alive is then frozen
         out of the collector's sight (`freeze_heap`)."""
@@ -257,6 +308,14 @@ class CompiledStep:
             if self.takes_prefill(prompts, cache, slots, [8] * b, hidden_layers):
                 self.prefill(prompts, cache, slots, [8] * b, hidden_layers)
                 done.append(f"prefill {b} row{'s' if b > 1 else ''}")
+            cache.lens.copy_(before)
+        if max_rows >= 2:  # a verify step prefilling an admitted request (one graph for every mix)
+            before = cache.lens.clone()
+            cache.lens[0], cache.lens[1] = 4, 0
+            if self.takes_mixed(cache, [0], [1], [8], hidden_layers):
+                self.mixed(torch.zeros(1, 3, dtype=torch.long), cache, [0], [3], torch.zeros(1, 8, dtype=torch.long),
+                           [1], [8], hidden_layers)
+                done.append("verify + prefill")
             cache.lens.copy_(before)
         freeze_heap()
         took = time.perf_counter() - t0

@@ -18,13 +18,53 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dspark_core.modeling.model import KVCache, LeanModel, Packing, apply_rope
+from dspark_core.modeling.model import DecoderLayer, KVCache, LeanModel, Packing, apply_rope
 
 
-def _on_grid(z: torch.Tensor, packed: torch.Tensor, b: int, t: int) -> torch.Tensor:
+def on_grid(z: torch.Tensor, packed: torch.Tensor, b: int, t: int) -> torch.Tensor:
     """[N, heads, hd] packed -> [B, heads, T, hd] on the grid, zeros at the padding."""
     n, heads, hd = z.shape
     return z.new_zeros(b * t, heads, hd).index_copy(0, packed, z).view(b, t, heads, hd).transpose(1, 2)
+
+
+def packed_rope(model: LeanModel, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """pos [N] long -> cos, sin [N, 1, hd] in the weights' dtype."""
+    freqs = pos.float()[:, None] * model.inv_freq  # [N, hd/2]
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+    return emb.cos().to(model.dtype), emb.sin().to(model.dtype)
+
+
+def packed_qkv(layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+               v_cache: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [N, H] packed tokens -> q [N, nh, hd], k, v [N, nkv, hd] (normed, rotated); K/V written at (rows, pos)."""
+    nh, nkv, hd = layer.nh, layer.nkv, layer.hd
+    q, k, v = layer.qkv(layer.input_norm(x)).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+    q, k, v = q.view(-1, nh, hd), k.view(-1, nkv, hd), v.view(-1, nkv, hd)
+    if layer.q_norm is not None and layer.k_norm is not None:
+        q, k = layer.q_norm(q), layer.k_norm(k)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    k_cache.index_put_((rows, pos), k.to(k_cache.dtype))
+    v_cache.index_put_((rows, pos), v.to(v_cache.dtype))
+    return q, k, v
+
+
+def causal_own(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: torch.Tensor, b: int, t: int
+               ) -> torch.Tensor:
+    """Prompts' attention over their own keys: q [N, nh, hd], k, v [N, nkv, hd] packed, placed on the [B, T] grid by
+    `packed`, causal -> [N, nh * hd]."""
+    nh, nkv, hd = q.shape[1], k.shape[1], q.shape[2]
+    kg, vg = on_grid(k.to(q.dtype), packed, b, t), on_grid(v.to(q.dtype), packed, b, t)
+    if nh != nkv:  # each KV head serves nh / nkv query heads (as enable_gqa maps them)
+        kg, vg = kg.repeat_interleave(nh // nkv, dim=1), vg.repeat_interleave(nh // nkv, dim=1)
+    attn = F.scaled_dot_product_attention(on_grid(q, packed, b, t), kg, vg, is_causal=True)  # [B, nh, T, hd]
+    return attn.transpose(1, 2).reshape(b * t, nh * hd)[packed]
+
+
+def mlp(layer: DecoderLayer, x: torch.Tensor) -> torch.Tensor:
+    """The layer's SwiGLU MLP on its post-attention norm of x."""
+    gate, up = layer.gate_up(layer.post_norm(x)).chunk(2, dim=-1)
+    return layer.down(F.silu(gate) * up)
 
 
 def prefill_core(model: LeanModel, tokens: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
@@ -34,28 +74,13 @@ def prefill_core(model: LeanModel, tokens: torch.Tensor, pos: torch.Tensor, rows
     each token's flat position r * T + j in the [B, T] grid, whose shape `grid` carries; last [B] each row's last
     token in [N] -> logits [B, V] float32 of each row's last token, hidden [N, W] or None."""
     b, t = grid.shape
-    freqs = pos.float()[:, None] * model.inv_freq  # [N, hd/2]
-    emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-    cos, sin = emb.cos().to(model.dtype), emb.sin().to(model.dtype)  # [N, 1, hd]
+    cos, sin = packed_rope(model, pos)  # [N, 1, hd]
     x = model.embed(tokens)  # [N, H]
     caught = []
     for i, layer in enumerate(model.layers):
-        nh, nkv, hd = layer.nh, layer.nkv, layer.hd
-        h = layer.input_norm(x)
-        q, k, v = layer.qkv(h).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-        q, k, v = q.view(-1, nh, hd), k.view(-1, nkv, hd), v.view(-1, nkv, hd)
-        if layer.q_norm is not None and layer.k_norm is not None:
-            q, k = layer.q_norm(q), layer.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        ks[i].index_put_((rows, pos), k.to(ks[i].dtype))
-        vs[i].index_put_((rows, pos), v.to(vs[i].dtype))
-        kg, vg = _on_grid(k.to(q.dtype), packed, b, t), _on_grid(v.to(q.dtype), packed, b, t)
-        if nh != nkv:  # each KV head serves nh / nkv query heads (as enable_gqa maps them)
-            kg, vg = kg.repeat_interleave(nh // nkv, dim=1), vg.repeat_interleave(nh // nkv, dim=1)
-        attn = F.scaled_dot_product_attention(_on_grid(q, packed, b, t), kg, vg, is_causal=True)  # [B, nh, T, hd]
-        x = x + layer.o(attn.transpose(1, 2).reshape(b * t, nh * hd)[packed])
-        gate, up = layer.gate_up(layer.post_norm(x)).chunk(2, dim=-1)
-        x = x + layer.down(F.silu(gate) * up)
+        q, k, v = packed_qkv(layer, x, cos, sin, ks[i], vs[i], rows, pos)
+        x = x + layer.o(causal_own(q, k, v, packed, b, t))
+        x = x + mlp(layer, x)
         if i in hidden_layers:
             caught.append(x)
     hidden = torch.cat(caught, dim=-1) if caught else None

@@ -10,11 +10,17 @@ The output is distributed exactly as sampling from p token by token.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from dspark_core.kernels.spec import use_triton
 from dspark_core.kernels.verify import verify as verify_kernel
 from dspark_core.modeling.argmax import top1
+from dspark_core.verification.sampling import SamplingParams, sampling_probs
+
+if TYPE_CHECKING:
+    from dspark_core.modeling.model import ForwardOut
 
 
 def verify_greedy(target_logits: torch.Tensor, draft: torch.Tensor) -> tuple[int, int]:
@@ -81,3 +87,26 @@ def verify_sampling(
         dist = p[n]
     token = int(torch.multinomial(dist.float().cpu(), 1, generator=generator))
     return k, token
+
+
+def round_verdicts(out: ForwardOut, inp: torch.Tensor, nv: list[int], sampling: list[SamplingParams],
+                   generators: list[torch.Generator | None], draft_probs: torch.Tensor | None
+                   ) -> list[tuple[int, int]]:
+    """(accepted drafts, next token) per row of a round's verify forward `out` over `inp` [B, T] (anchor, then nv[b]
+    drafts): batched greedy matching when every row is greedy, else row by row (greedy rows by argmax, sampled rows
+    by rejection sampling against the drafts' probabilities [B, T - 1, V], None for point-mass drafts)."""
+    if all(sp.greedy for sp in sampling):
+        if out.pack is not None and not use_triton(out.flat_logits):  # ragged: argmax of real tokens only
+            return greedy_verdicts(out.argmax(), inp[:, 1:], nv)
+        return verify_greedy_batch(out.logits, inp[:, 1:], nv)
+    verdicts = []
+    for i, sp in enumerate(sampling):
+        logits = out.row_logits(i)[: nv[i] + 1]
+        draft = inp[i, 1 : nv[i] + 1].to(logits.device)
+        if sp.greedy:
+            verdicts.append(verify_greedy(logits, draft))
+            continue
+        p = sampling_probs(logits, sp)
+        q = draft_probs[i, : nv[i]].to(p.device) if draft_probs is not None else None
+        verdicts.append(verify_sampling(p, q, draft, generators[i]))
+    return verdicts

@@ -114,8 +114,8 @@ def test_warm_compiles_each_row_bucket_once_and_longer_contexts_reuse_the_graph(
     cache = model.new_cache(2, 64)
     compiled = CompiledStep(model)
     line = compiled.warm(cache, 2)
-    assert line.startswith("compiled 5 step shapes (rows x tokens: 1x1, 2x1, 2x1 gathered, prefill 1 row, "
-                           "prefill 2 rows)")
+    assert line.startswith("compiled 6 step shapes (rows x tokens: 1x1, 2x1, 2x1 gathered, prefill 1 row, "
+                           "prefill 2 rows, verify + prefill)")
     assert cache.lens.tolist() == [0, 0]
     model(torch.randint(0, model.arch.vocab_size, (1, 30)), cache, [0])  # a long prompt (eager prefill)
     model.compiled = compiled
@@ -124,7 +124,7 @@ def test_warm_compiles_each_row_bucket_once_and_longer_contexts_reuse_the_graph(
             model(torch.randint(0, model.arch.vocab_size, (1, 1)), cache, [0])
     finally:
         model.compiled = None
-    assert cache.lens.tolist() == [31, 0] and len(compiled.seen) == 5
+    assert cache.lens.tolist() == [31, 0] and len(compiled.seen) == 6
 
 
 def test_warm_compiles_the_graph_that_returns_the_drafters_hidden_states():

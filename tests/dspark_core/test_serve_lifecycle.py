@@ -224,10 +224,10 @@ def failing_server() -> Iterator[_InProcess]:
     engine = Engine(cfg)
     real = engine._round
 
-    def round_that_breaks(running):  # noqa: ANN001, ANN202
+    def round_that_breaks(running, admit):  # noqa: ANN001, ANN202
         if any(r.sp.seed == 666 for r in running):
             raise RuntimeError("injected failure")
-        return real(running)
+        return real(running, admit)
 
     engine._round = round_that_breaks  # type: ignore[method-assign]
     s = _InProcess(engine)
