@@ -1,17 +1,19 @@
 """Admissions prefilled inside the running batch's verify step against prefills of their own (issue 42).
 
-An engine at eight requests admits a request whenever one finishes. With `batch.mixed_prefill` (the default) the
-compiled step prefills it inside the next round's verify forward (dspark_core/modeling/compiled_mixed.py); off,
-each admission runs its own prefill forward first. This runs plain and each speculative method both ways: one
-engine per method (so one verify scheduler for both modes), its passes over the same prompts rotated with every other
-method's and mode's (compiled bf16 target, 128 new tokens, greedy). Per method and mode: tok/s, x plain (mixed), and
-what admissions cost: their own prefills' seconds, or the mixed rounds' seconds beyond the mean round of the pass:
+An engine at eight requests admits a request whenever one finishes. With `batch.mixed_prefill_tokens` (64 by
+default) the compiled step prefills a short prompt inside the next round's verify forward
+(dspark_core/modeling/compiled_mixed.py); off (0), each admission runs its own prefill forward first. This runs
+plain and each speculative method both ways: one engine per method (so one verify scheduler for both modes), its
+passes over the same prompts rotated with every other method's and mode's (compiled bf16 target, 128 new tokens,
+greedy). Per method and mode: tok/s, x plain (mixed), and what admissions cost: their own prefills' seconds, or the
+mixed rounds' seconds beyond the mean round of the pass:
 
     python benchmarks/mixed_prefill.py [--prompts benchmarks/prompts/heldout_chat.jsonl] [--limit 64] \
         [--methods suffix/prefix,hybrid_markov/prefix] [--concurrency 8] [--repeats 3] [--json]
 
-`--step`: time the step alone instead, an 8-row verify with one 40-token prompt mixed in against the verify and the
-prompt's own compiled prefill, interleaved (ms, medians).
+`--step`: time the step alone instead, per prompt length (20, 40, 80, 180 tokens): an 8-row verify, the prompt's own
+compiled prefill, both one after the other, and the verify with the prompt mixed in (ms, medians of interleaved
+repeats). Where the prompt's own prefill is compute-bound, mixing it in saves nothing: the default limit.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from round_trace import real_target  # noqa: E402 - after the path it lives on
 
 
 def run(prompts: Path, limit: int, methods: list[str], concurrency: int, repeats: int) -> dict[str, Any]:
-    """Plain and `methods`, each one engine run with batch.mixed_prefill on and off in turn, `repeats` rotated
+    """Plain and `methods`, each one engine run with mixing on (batch.mixed_prefill_tokens) and off, `repeats` rotated
     passes over the prompts; per method and mode: tokens, seconds, and what admissions cost (their own prefills'
     seconds; mixed, the mixed rounds' seconds beyond the mean round of the same pass)."""
     import torch
@@ -47,6 +49,7 @@ def run(prompts: Path, limit: int, methods: list[str], concurrency: int, repeats
     spec = BenchSpec(prompts=ids, methods=["plain", *methods], repeats=repeats, concurrency=concurrency,
                      block_size=8, sampling=sp)
     engines = {m.name: m.engine for m in build_methods(spec, cfg, target, tok)}
+    limit_tokens = cfg.batch.mixed_prefill_tokens
     for eng in engines.values():  # every shape compiled before anything is timed
         eng.generate([ids[0][:32]], sp.model_copy(update={"max_new_tokens": 8}))
         target.compiled.warm(eng.cache, concurrency, eng.hidden_layers)
@@ -72,7 +75,7 @@ def run(prompts: Path, limit: int, methods: list[str], concurrency: int, repeats
         for rep in range(repeats):
             for name, mixed in runs[rep % len(runs):] + runs[: rep % len(runs)]:
                 eng = engines[name]
-                eng.config.batch.mixed_prefill = mixed
+                eng.config.batch.mixed_prefill_tokens = limit_tokens if mixed else 0
                 if eng.drafter is not None:  # no pass may draft from an earlier pass's outputs
                     eng.drafter.forget()
                 log.clear()
@@ -98,9 +101,9 @@ def run(prompts: Path, limit: int, methods: list[str], concurrency: int, repeats
             "concurrency": concurrency, "repeats": repeats, "max_new_tokens": 128, "rows": out}
 
 
-def step(repeats: int) -> dict[str, Any]:
-    """An 8-row verify (20 real tokens) with one 40-token prompt mixed in, against the verify and that prompt's own
-    compiled prefill, interleaved; context 200."""
+def step(repeats: int, lengths: tuple[int, ...] = (20, 40, 80, 180)) -> dict[str, Any]:
+    """Per prompt length: an 8-row verify (20 real tokens, context 300) alone, the prompt's own compiled prefill
+    alone, the two one after the other, and the verify with the prompt mixed in; interleaved, medians."""
     import torch
 
     from dspark_core.modeling.checkpoint import checkpoint_folder, load_model
@@ -111,36 +114,36 @@ def step(repeats: int) -> dict[str, Any]:
     target = load_model(checkpoint_folder("smollm2-135m"), "cpu", "bf16")
     apply_kernel(target, "auto")
     compiled = attach(target, (1, 9), float("inf"))
-    cache = target.new_cache(9, 300)
+    cache = target.new_cache(9, 600)
     v, slots, n_new = target.arch.vocab_size, list(range(8)), [9, 5] + [1] * 6
-    prompt = torch.randint(1, v, (1, 40))
+    rows = []
+    for n in lengths:
+        prompt = torch.randint(1, v, (1, n))
 
-    def reset() -> None:
-        for s in slots:
-            cache.truncate(s, 200)
-        cache.truncate(8, 0)
+        def verify() -> None:
+            target(torch.randint(1, v, (8, 9)), cache, slots, n_new)
 
-    def mixed() -> None:
-        compiled.mixed(torch.randint(1, v, (8, 9)), cache, slots, n_new, prompt, [8], [40])
+        def prefill(p: torch.Tensor = prompt, n: int = n) -> None:
+            target(p, cache, [8], [n], last_only=True)
 
-    def apart() -> None:
-        target(prompt, cache, [8], [40], last_only=True)
-        target(torch.randint(1, v, (8, 9)), cache, slots, n_new)
+        def mixed(p: torch.Tensor = prompt, n: int = n) -> None:
+            compiled.mixed(torch.randint(1, v, (8, 9)), cache, slots, n_new, p, [8], [n])
 
-    def verify() -> None:
-        target(torch.randint(1, v, (8, 9)), cache, slots, n_new)
-
-    cases = {"verify alone": verify, "verify, then its own prefill": apart, "verify with the prompt mixed in": mixed}
-    times: dict[str, list[float]] = {k: [] for k in cases}
-    for rep in range(repeats + 2):  # two untimed passes compile every graph
-        for name, fn in cases.items():
-            reset()
-            t0 = time.perf_counter()
-            fn()
-            if rep >= 2:
-                times[name].append(time.perf_counter() - t0)
-    ms = {k: round(statistics.median(t) * 1e3, 2) for k, t in times.items()}
-    return {"capability": torch.backends.cpu.get_cpu_capability(), "repeats": repeats, "ms": ms}
+        cases = {"verify": verify, "prefill": prefill, "apart": lambda: (prefill(), verify()), "mixed": mixed}
+        times: dict[str, list[float]] = {k: [] for k in cases}
+        for rep in range(repeats + 2):  # two untimed passes compile every graph
+            for name, fn in cases.items():
+                for s in slots:
+                    cache.truncate(s, 300)
+                cache.truncate(8, 0)
+                t0 = time.perf_counter()
+                fn()
+                if rep >= 2:
+                    times[name].append(time.perf_counter() - t0)
+        ms = {k: round(statistics.median(t) * 1e3, 2) for k, t in times.items()}
+        rows.append({"prompt_tokens": n, **{f"{k}_ms": x for k, x in ms.items()},
+                     "saved_ms": round(ms["apart"] - ms["mixed"], 2)})
+    return {"capability": torch.backends.cpu.get_cpu_capability(), "repeats": repeats, "rows": rows}
 
 
 def main() -> None:
@@ -155,8 +158,9 @@ def main() -> None:
     a = ap.parse_args()
     if a.step:
         out = step(max(a.repeats, 5))
-        print(json.dumps(out, indent=1) if a.json else
-              "\n".join(f"{k}: {v} ms" for k, v in out["ms"].items()) + f"\n(capability {out['capability']})")
+        print(json.dumps(out, indent=1) if a.json else f"capability {out['capability']}; ms\n" + "\n".join(
+            f"prompt {r['prompt_tokens']:>3}: verify {r['verify_ms']}, its own prefill {r['prefill_ms']}, one after "
+            f"the other {r['apart_ms']}, mixed {r['mixed_ms']} (saves {r['saved_ms']})" for r in out["rows"]))
         return
     out = run(a.prompts, a.limit, [m for m in a.methods.split(",") if m], a.concurrency, a.repeats)
     if a.json:

@@ -85,7 +85,8 @@ class BatchSection(_Section):
     max_tokens: int = Field(8192, ge=64, le=1048576)  # token budget per forward (prefill + decode tokens)
     timeout_ms: float = Field(0.0, ge=0.0, le=1000.0)  # how long the batcher waits to fill a batch
     chunked_prefill: int = Field(0, ge=0, le=65536)  # prefill chunk size in tokens (0 = off)
-    mixed_prefill: bool = True  # admissions prefill inside the running batch's verify step (compiled CPU steps)
+    mixed_prefill_tokens: int = Field(64, ge=0, le=65536)  # admissions of up to this many prompt tokens prefill
+    # in the running batch's verify step (compiled CPU steps; 0 = never; results/issue42_amx_mixed_prefill_step.json)
     cuda_graph_max_bs: int = Field(0, ge=0, le=1024)  # largest batch captured in a CUDA graph (0 = none)
 
 

@@ -222,8 +222,8 @@ class Engine:
     def step(self) -> list[Update]:
         """Admit waiting requests into free slots, then one speculative round for every running request; one update
         per request that committed tokens or finished. Admitted prompts prefill in a ragged forward of their own, or
-        inside this round's verify forward where the compiled step mixes them in (`batch.mixed_prefill`; they join
-        the running batch from the next round): modeling/compiled_mixed.py says what that saves."""
+        inside this round's verify forward where the compiled step mixes short ones in (`batch.mixed_prefill_tokens`;
+        they join the running batch from the next round): modeling/compiled_mixed.py says what that saves."""
         updates: dict[str, Update] = {}
         batch = self._take_batch() if self._waiting and self._free else []
         mixing = bool(batch) and bool(self._running) and self._mixes(batch)
@@ -252,8 +252,8 @@ class Engine:
 
     def _mixes(self, batch: list[_Request]) -> bool:
         """Whether the next round's verify forward can prefill `batch` too."""
-        if not self.config.batch.mixed_prefill or self.target.compiled is None:
-            return False
+        if self.target.compiled is None or sum(len(r.ids) for r in batch) > self.config.batch.mixed_prefill_tokens:
+            return False  # a long prompt's own prefill is compute-bound: mixed in, it saves nothing
         return self.target.compiled.takes_mixed(self.cache, [r.slot for r in self._running], [r.slot for r in batch],
                                 [len(r.ids) for r in batch], self.hidden_layers)
 

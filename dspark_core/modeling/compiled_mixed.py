@@ -7,7 +7,8 @@ prompts ride along: their tokens go through the same projections, MLP and LM hea
 attention is split. Verify rows attend over their slots' cache on the [Bv, Tv] grid (as `compiled._core` packed);
 prompt rows, fresh slots from position 0, attend causally over their own keys on the [Bp, Tp] grid (as
 `compiled_prefill.prefill_core`). vLLM's chunked prefill and SGLang's mixed chunks batch prefills with decodes the
-same way.
+same way. A long prompt's own prefill is mostly compute, which mixing does not share, while its request joins the
+batch a round later: the engine mixes admissions of up to `batch.mixed_prefill_tokens` prompt tokens (RESULTS.md).
 
 Every size is dynamic (rows, tokens per row, real tokens, keys of both parts), so one graph serves every mix. A
 size of 1 would be specialised, so `mixed_inputs` pads each to at least 2: a verify grid row that repeats the last

@@ -93,9 +93,9 @@ def test_an_engine_prefills_admissions_inside_its_rounds_and_stays_token_identic
                "while True:\n"]
     lengths = [12, 20, 7, 16, 9]
     want = _run(Engine(engine_config(method="plain"), target=tiny_target, tokenizer=tiny_tokenizer), prompts, lengths)
-    for mixed in (True, False):  # batch.mixed_prefill off: each admission prefills in a forward of its own
+    for mixed in (True, False):  # mixing off: each admission prefills in a forward of its own
         cfg = engine_config(block=4, max_requests=2, method="suffix")
-        cfg.compile, cfg.batch.mixed_prefill = True, mixed
+        cfg.compile, cfg.batch.mixed_prefill_tokens = True, 64 if mixed else 0
         eng = Engine(cfg, target=tiny_target, tokenizer=tiny_tokenizer)
         try:
             got = _run(eng, prompts, lengths)
