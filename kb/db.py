@@ -205,12 +205,33 @@ def _check_writable(engine: Engine, shown: str) -> None:
         raise
 
 
+LOCKED_RETRIES = 5  # opens of a SQLite file another process is creating or migrating, before giving up
+
+
+class _Locked(Exception):
+    """SQLite answered `database is locked` while opening: a lock its busy handler does not wait for (a read that
+    must become a write while another connection commits, WAL's busy snapshot), which only a retry resolves."""
+
+
 def open_db(url: str | None = None, migrate: bool = True) -> Database:
     """Connect to the knowledge base, creating and migrating it on first use.
 
     Every failure a user can cause (bad URL, unreachable server, corrupted file, newer schema)
-    becomes a one-line KBError naming the database and what to do.
+    becomes a one-line KBError naming the database and what to do. Two processes opening a new SQLite file at once
+    can meet a lock no timeout waits for: the open is retried, LOCKED_RETRIES times with a growing pause.
     """
+    import time
+
+    for attempt in range(LOCKED_RETRIES):
+        try:
+            return _open_once(url, migrate, last=attempt == LOCKED_RETRIES - 1)
+        except _Locked:
+            time.sleep(0.25 * (attempt + 1))
+    raise AssertionError("unreachable: the last attempt raises KBError")
+
+
+def _open_once(url: str | None, migrate: bool, last: bool) -> Database:
+    """One open_db attempt; _Locked (unless `last`) where SQLite says the database is locked."""
     url = resolve_url(url)
     shown = _redact(url)
     try:
@@ -251,5 +272,7 @@ def open_db(url: str | None = None, migrate: bool = True) -> Database:
     except (OperationalError, DatabaseError) as e:
         engine.dispose()
         reason = _reason(e)
+        if url.startswith("sqlite") and "database is locked" in reason and not last:
+            raise _Locked(reason) from None
         raise KBError(f"cannot use database {shown}: {reason}; {_hint(url, reason)}") from None
     return db

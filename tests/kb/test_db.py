@@ -133,3 +133,33 @@ def test_a_read_only_database_is_one_line(tmp_path, capsys):
     assert cli.main(["profile", "--model", "qwen3", "--db", ro]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: database") and "not writable" in err and "\n" not in err
+
+
+def test_a_database_another_process_holds_locked_is_opened_again(tmp_path, monkeypatch):
+    """`database is locked` while opening (a lock SQLite's busy handler does not wait for, as two tuners creating one
+    file meet it) is retried; only the last attempt's lock is a one-line error."""
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    import kb.db as kdb
+
+    monkeypatch.setattr("time.sleep", lambda _s: None)
+    real, calls = kdb._check_writable, []
+
+    def locked(engine, shown):  # noqa: ANN001, ANN202
+        calls.append(shown)
+        if len(calls) <= fails:
+            raise OperationalError("PRAGMA user_version = 1", {}, sqlite3.OperationalError("database is locked"))
+        return real(engine, shown)
+
+    monkeypatch.setattr(kdb, "_check_writable", locked)
+    url = f"sqlite:///{tmp_path / 'kb.sqlite'}"
+    fails = 2
+    kdb.open_db(url).engine.dispose()
+    assert len(calls) == 3
+    calls.clear()
+    fails = kdb.LOCKED_RETRIES
+    with pytest.raises(KBError, match="database is locked"):
+        kdb.open_db(url)
+    assert len(calls) == kdb.LOCKED_RETRIES
