@@ -254,8 +254,8 @@ class Engine:
         """Whether the next round's verify forward can prefill `batch` too."""
         if self.target.compiled is None or sum(len(r.ids) for r in batch) > self.config.batch.mixed_prefill_tokens:
             return False  # a long prompt's own prefill is compute-bound: mixed in, it saves nothing
-        return self.target.compiled.takes_mixed(self.cache, [r.slot for r in self._running], [r.slot for r in batch],
-                                [len(r.ids) for r in batch], self.hidden_layers)
+        rows = [r.slot for r in self._running], [r.slot for r in batch], [len(r.ids) for r in batch]
+        return self.target.compiled.takes_mixed(self.cache, *rows, self.hidden_layers)
 
     def reset_stats(self) -> GenStats:
         """Start a new stats window; returns the one that ends."""
