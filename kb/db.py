@@ -222,12 +222,12 @@ def open_db(url: str | None = None, migrate: bool = True) -> Database:
     """
     import time
 
-    for attempt in range(LOCKED_RETRIES):
+    for attempt in range(LOCKED_RETRIES - 1):
         try:
-            return _open_once(url, migrate, last=attempt == LOCKED_RETRIES - 1)
+            return _open_once(url, migrate, last=False)
         except _Locked:
             time.sleep(0.25 * (attempt + 1))
-    raise AssertionError("unreachable: the last attempt raises KBError")
+    return _open_once(url, migrate, last=True)
 
 
 def _open_once(url: str | None, migrate: bool, last: bool) -> Database:

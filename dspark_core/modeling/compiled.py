@@ -265,7 +265,8 @@ class CompiledStep:
         logits, hidden = self.mixed_fn(self.model, vtok, inp["vpos"], inp["vslots"], inp["vpack"].index, inp["span"],
                                        ptok, inp["ppos"], inp["prows"], inp["ppack"].index, inp["plast"],
                                        inp["pgrid"], cache.k, cache.v, hidden_layers)
-        self.seen.setdefault(("mixed", hidden_layers), time.perf_counter() - t0)
+        if ("mixed", hidden_layers) not in self.seen:
+            self.seen["mixed", hidden_layers] = time.perf_counter() - t0
         for r, s in enumerate(slots):
             cache.lens[s] = int(starts[r]) + n_new[r]
         for r, s in enumerate(pslots):

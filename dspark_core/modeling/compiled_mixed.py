@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from dspark_core.modeling.compiled_prefill import causal_own, mlp, packed_qkv, packed_rope, prefill_inputs
+from dspark_core.modeling.compiled_prefill import causal_own, mlp, on_grid, packed_qkv, packed_rope, prefill_inputs
 from dspark_core.modeling.model import KVCache, LeanModel, Packing, attend
 
 
@@ -49,8 +49,8 @@ def mixed_core(model: LeanModel, vtok: torch.Tensor, vpos: torch.Tensor, vslots:
         q, k, v = packed_qkv(layer, x, cos, sin, ks[i], vs[i], rows, pos)
         keys = ks[i][vslots, : span.shape[0]].to(q.dtype).transpose(1, 2)  # [Bv, nkv, Lk, hd]
         vals = vs[i][vslots, : span.shape[0]].to(q.dtype).transpose(1, 2)
-        qv = q[:nv].new_zeros(bv * tv, nh, hd).index_copy(0, vpacked, q[:nv]).view(bv, tv, nh, hd)
-        av = attend(qv.transpose(1, 2), keys, vals, mask).transpose(1, 2).reshape(bv * tv, nh * hd)[vpacked]
+        av = attend(on_grid(q[:nv], vpacked, bv, tv), keys, vals, mask).transpose(1, 2).reshape(bv * tv, nh * hd)
+        av = av[vpacked]  # [Nv, nh * hd]
         x = x + layer.o(torch.cat([av, causal_own(q[nv:], k[nv:], v[nv:], ppacked, bp, tp)]))
         x = x + mlp(layer, x)
         if i in hidden_layers:
