@@ -74,7 +74,7 @@ class Bench:
     """The target (the tiny one, or `model`), both prompt sets, the profile and the engine runner."""
 
     def __init__(self, n_prompts: int, max_new: int, model: str | None = None, dtype: str = "fp32",
-                 threads: int = 1) -> None:
+                 threads: int = 1, compile: bool = False) -> None:
         import torch
 
         torch.set_num_threads(threads)
@@ -89,7 +89,8 @@ class Bench:
         self.dtype = dtype
         self.profile = build_profile(model=folder, gpu="auto", workload=None, measure=True)
         self.shape, self.hw = ModelShape.from_profile(self.profile), Hardware.from_profile(self.profile)
-        self.meas = MeasureEvaluator(self.profile, n_prompts=n_prompts, max_new_tokens=max_new, dtype=dtype)
+        self.meas = MeasureEvaluator(self.profile, n_prompts=n_prompts, max_new_tokens=max_new, dtype=dtype,
+                                     compile=compile)
         self.max_new = max_new
         rows = load_prompts(preset_prompts("code"), limit=2 * n_prompts)
         self.eval_prompts = [r.prompt for r in rows[:n_prompts]]
@@ -117,8 +118,10 @@ class Bench:
 
     def run(self, params: dict[str, Any], prompts: list[str], instrument: bool = False) -> dict[str, Any]:
         from tuner.calibrate import instrumented_generate
+        from tuner.measure import warm_compiled
 
         eng, cfg = self.engine(params)
+        warm_compiled(eng)  # compiled steps: every shape built (or loaded) before the run is timed, as `serve` does
         if instrument:
             res = instrumented_generate(eng, prompts, cfg.sampling)
         else:
@@ -245,6 +248,12 @@ def eval_configs(b: Bench) -> list[dict[str, Any]]:
     return cfgs
 
 
+def _capability() -> str:
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=8, help="evaluation prompts (and as many calibration prompts)")
@@ -257,10 +266,12 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="target: a fetched model (smollm2-135m) or folder; default tiny")
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--compile", action="store_true", help="the engine's compiled decode / verify steps (its fast "
+                    "path, what a tuned bundle runs) instead of eager ones; shapes compiled before any run is timed")
     args = ap.parse_args()
     args.out = args.out or (OUT.with_name(f"fidelity_{Path(args.model).name}.json") if args.model else OUT)
     t_start = time.time()
-    b = Bench(args.prompts, args.max_new, args.model, args.dtype, args.threads)
+    b = Bench(args.prompts, args.max_new, args.model, args.dtype, args.threads, args.compile)
     print(f"drafters: {b.heads or 'none trained yet (ngram fallback)'}; load average {os.getloadavg()[0]:.2f}")
     cfgs = eval_configs(b)
     lengths = b.lengths(b.eval_prompts)
@@ -310,7 +321,8 @@ def main() -> None:
                "mape_no_probe": mape(raw_pred, meas), "spearman_no_probe": spearman(raw_pred, meas),
                "seconds": time.time() - t_start, "load_average": os.getloadavg()[0],
                "prompts": args.prompts, "max_new_tokens": args.max_new, "repeats": args.repeats,
-               "model": args.model or "tiny", "dtype": args.dtype, "threads": args.threads}
+               "model": args.model or "tiny", "dtype": args.dtype, "threads": args.threads,
+               "compile": args.compile, "cpu_capability": _capability()}
     print("\n| config | measured tok/s | predicted tok/s | error | tau meas | tau pred |\n|---|---|---|---|---|---|")
     for r in rows:
         err = (r["predicted"] - r["measured"]) / r["measured"]

@@ -188,10 +188,12 @@ class MeasureEvaluator(Evaluator):
 def warm_compiled(engine) -> None:  # engine: dspark_core.Engine
     """Compile (or load from disk) every step shape a compiled trial's engine meets before it is timed, as `serve`
     does at start-up: a trial measures serving, not compiling."""
+    from dspark_core.engine_parts import step_sizes
+
     step = engine.target.compiled
     if step is None:
         return
-    step.warm(engine.cache, engine.config.batch.max_requests, engine.hidden_layers)
+    step.warm(engine.cache, engine.config.batch.max_requests, engine.hidden_layers, step_sizes(engine.config))
 
 
 def can_compile(arch: str | None) -> str:

@@ -283,26 +283,34 @@ class CompiledStep:
         view = slots == list(range(slots[0], slots[0] + b)) and bucket(b) == b
         return bucket(b), self.t_bucket(t), hidden_layers, view
 
-    def warm(self, cache: KVCache, max_rows: int, hidden_layers: tuple[int, ...] = ()) -> str:
+    def warm(self, cache: KVCache, max_rows: int, hidden_layers: tuple[int, ...] = (),
+             sizes: tuple[int, ...] | None = None) -> str:
         """Compile (or load from disk) the decode / verify graphs a serving engine meets: rows 1, 2, 4 .. max_rows at
         each step size, in consecutive slots and in scattered ones, then the prefill's (one row; two and more) and
         the verify step that prefills admitted requests (these write their slots' first positions: no request may be
         live), within the budget; a line saying what it took.
         Each graph serves every context length (dynamic keys). `hidden_layers`: the target layers the engine's
-        drafter reads (a graph that also returns them is another graph). What compiling left alive is then frozen
-        out of the collector's sight (`freeze_heap`)."""
+        drafter reads (a graph that also returns them is another graph). `sizes`: the engine's own step sizes, where
+        engines share this step (bench, a tuner's trials): its steps of up to max(sizes) tokens a row pad to the
+        shared sizes, so those are what it meets (a plain engine only 1); default all. What compiling left alive is
+        then frozen out of the collector's sight (`freeze_heap`)."""
         t0, done = time.perf_counter(), []
-        rows = [r for r in (1 << i for i in range(max_rows.bit_length())) if r <= max_rows]
-        for t in self.sizes:
-            for b in rows:  # slots in order (a view), then out of order (gathered: after requests finish)
-                for slots in [list(range(b))] + ([list(range(b))[::-1]] if b > 1 else []):
-                    if not self.takes(t, cache, slots, hidden_layers):
-                        continue
-                    before = [int(n) for n in cache.lens[slots]]
-                    self(torch.zeros(b, t, dtype=torch.long), cache, slots, [t] * b, hidden_layers)
-                    for s, n in zip(slots, before, strict=True):
-                        cache.truncate(s, n)
-                    done.append(f"{b}x{t}" + ("" if slots[0] == 0 else " gathered"))
+        batches = []  # slots in order (a view), then out of order (gathered: after requests finish)
+        for b in (r for r in (1 << i for i in range(max_rows.bit_length())) if r <= max_rows):
+            batches += [list(range(b))] + ([list(range(b))[::-1]] if b > 1 else [])
+        if bucket(max_rows) > max_rows:  # a full batch of a non-power-of-two width pads to the next bucket
+            batches.append(list(range(max_rows)))
+        meets = self.sizes if sizes is None else sorted({self.t_bucket(t) for t in range(1, max(sizes) + 1)})
+        for t in meets:
+            for slots in batches:
+                if not self.takes(t, cache, slots, hidden_layers):
+                    continue
+                b, before = len(slots), [int(n) for n in cache.lens[slots]]
+                self(torch.zeros(b, t, dtype=torch.long), cache, slots, [t] * b, hidden_layers)
+                for s, n in zip(slots, before, strict=True):
+                    cache.truncate(s, n)
+                pad = f" (as {bucket(b)})" if bucket(b) > b else ""
+                done.append(f"{b}x{t}" + ("" if slots[0] == 0 else " gathered") + pad)
         for b in sorted({1, max_rows}):  # the prefill: one admitted request, and several (one graph for 2 and up)
             slots, before, prompts = list(range(b)), cache.lens.clone(), torch.zeros(b, 8, dtype=torch.long)
             cache.lens[slots] = 0  # a prefill starts its slots afresh (no request is live while warming)

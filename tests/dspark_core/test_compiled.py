@@ -127,6 +127,26 @@ def test_warm_compiles_each_row_bucket_once_and_longer_contexts_reuse_the_graph(
     assert cache.lens.tolist() == [31, 0] and len(compiled.seen) == 6
 
 
+def test_warm_compiles_the_sizes_and_batches_an_engine_meets_on_a_shared_step():
+    """Engines sharing a target (bench, a tuner's trials) share one step with the union of their sizes: a plain
+    engine's warm compiles its 1-token graphs, not the verify sizes only the speculative engines run. Three slots:
+    a full batch pads to four rows, a graph of its own, warmed too (a fidelity run once compiled it mid-run)."""
+    model = load_model(ASSETS / "target", "cpu", "fp32")
+    cache = model.new_cache(3, 64)
+    compiled = CompiledStep(model, sizes=(1, 3, 9))
+    line = compiled.warm(cache, 3, sizes=(1,))
+    assert line.startswith("compiled 7 step shapes (rows x tokens: 1x1, 2x1, 2x1 gathered, 3x1 (as 4), prefill 1 row, "
+                           "prefill 3 rows, verify + prefill)")
+    assert sorted({k[1] for k in compiled.seen if k[0] not in ("prefill", "mixed")}) == [1]
+    model(torch.randint(0, model.arch.vocab_size, (3, 5)), cache, [0, 1, 2])  # three requests decoding
+    model.compiled = compiled
+    try:
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            model(torch.randint(0, model.arch.vocab_size, (3, 1)), cache, [0, 1, 2])
+    finally:
+        model.compiled = None
+
+
 def test_warm_compiles_the_graph_that_returns_the_drafters_hidden_states():
     """A drafter's engine asks every step for hidden states: warm compiles that graph, so the first timed step of
     a DSpark method does not compile (bench once charged ~145 s of compiling to one method's window)."""
