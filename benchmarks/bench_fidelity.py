@@ -117,11 +117,11 @@ class Bench:
         return [(len(self.meas.tokenizer.encode(p)), self.max_new) for p in prompts]
 
     def run(self, params: dict[str, Any], prompts: list[str], instrument: bool = False) -> dict[str, Any]:
+        from dspark_core.engine_parts import warm_steps
         from tuner.calibrate import instrumented_generate
-        from tuner.measure import warm_compiled
 
         eng, cfg = self.engine(params)
-        warm_compiled(eng)  # compiled steps: every shape built (or loaded) before the run is timed, as `serve` does
+        warm_steps(eng)  # compiled steps: every shape built (or loaded) before the run is timed, as `serve` does
         if instrument:
             res = instrumented_generate(eng, prompts, cfg.sampling)
         else:

@@ -42,7 +42,7 @@ def run(prompts: Path, limit: int, methods: list[str], concurrency: int, repeats
 
     from dspark_core.cli.bench import BenchSpec, build_methods
     from dspark_core.engine import Engine
-    from dspark_core.engine_parts import step_sizes
+    from dspark_core.engine_parts import warm_steps
     from dspark_core.verification.sampling import SamplingParams
 
     cfg, target, tok, ids = real_target(prompts, limit)
@@ -53,7 +53,7 @@ def run(prompts: Path, limit: int, methods: list[str], concurrency: int, repeats
     limit_tokens = cfg.batch.mixed_prefill_tokens
     for eng in engines.values():  # every shape compiled before anything is timed
         eng.generate([ids[0][:32]], sp.model_copy(update={"max_new_tokens": 8}))
-        target.compiled.warm(eng.cache, concurrency, eng.hidden_layers, step_sizes(eng.config))
+        warm_steps(eng, concurrency)
     log: list[tuple[str, float]] = []  # ("round" | "mixed" | "admit", seconds) of the pass running
     round_, admit = Engine._round, Engine._admit
 

@@ -1,5 +1,6 @@
 """What the engine builds from its config before it runs: the KV cache's dtype, the Triton kernels' configs and the
-verify scheduler (dspark_core/engine.py calls these at start-up and on a live reconfigure)."""
+verify scheduler (dspark_core/engine.py calls these at start-up and on a live reconfigure), and the compiled steps
+it meets, warmed before serving or timing."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dspark_core.drafters.base import VerifyAll, VerifyScheduler
 from dspark_core.errors import DSparkError
 
 if TYPE_CHECKING:
+    from dspark_core.engine import Engine
     from dspark_core.modeling.model import KVCache, LeanModel
 
 def kv_dtype(config: EngineConfig, target: LeanModel) -> torch.dtype:
@@ -67,3 +69,14 @@ def step_sizes(config: EngineConfig) -> tuple[int, ...]:
     full = spec.block_size + 1
     short = (SHORT_VERIFY,) if spec.scheduler in ("prefix", "async_topk") and SHORT_VERIFY < full else ()
     return (1, *short, full)
+
+
+def warm_steps(engine: Engine, max_rows: int | None = None) -> str:
+    """Compile (or load from disk) every step shape `engine` meets, up to `max_rows` requests (default its
+    `batch.max_requests`), before it serves or is timed; the warm line ("" for an eager engine). Its own step sizes:
+    engines sharing a target (bench, a tuner's trials) share one step with the union of theirs."""
+    step = engine.target.compiled
+    if step is None:
+        return ""
+    rows = engine.config.batch.max_requests if max_rows is None else max_rows
+    return step.warm(engine.cache, rows, engine.hidden_layers, step_sizes(engine.config))

@@ -147,6 +147,7 @@ class MeasureEvaluator(Evaluator):
 
     def evaluate(self, params: dict[str, Any], seed: int = 0) -> Evaluation:
         from dspark_core.engine import Engine
+        from dspark_core.engine_parts import warm_steps
         from dspark_core.errors import DSparkError
 
         try:
@@ -156,7 +157,7 @@ class MeasureEvaluator(Evaluator):
             cfg = self.config(params)
             cfg.sampling.seed = seed
             engine = Engine(cfg, target=self.target_for(cfg.weights.dtype), tokenizer=self.tokenizer)
-            warm_compiled(engine)
+            warm_steps(engine)  # a trial measures serving, not compiling (as `serve` warms at start-up)
             gen = engine.generate(self.prompts, cfg.sampling, time_limit_s=self.trial_limit_s)
         except (DSparkError, TunerError) as e:  # TunerError: a learned choice without its policy
             return Evaluation({}, False, str(e))
@@ -183,17 +184,6 @@ class MeasureEvaluator(Evaluator):
         if (dtype, budget) not in self._sps:
             self._sps[dtype, budget] = profile_target_sps(self.target_for(dtype), max(2, budget))
         return self._sps[dtype, budget]
-
-
-def warm_compiled(engine) -> None:  # engine: dspark_core.Engine
-    """Compile (or load from disk) every step shape a compiled trial's engine meets before it is timed, as `serve`
-    does at start-up: a trial measures serving, not compiling."""
-    from dspark_core.engine_parts import step_sizes
-
-    step = engine.target.compiled
-    if step is None:
-        return
-    step.warm(engine.cache, engine.config.batch.max_requests, engine.hidden_layers, step_sizes(engine.config))
 
 
 def can_compile(arch: str | None) -> str:

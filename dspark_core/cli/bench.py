@@ -255,7 +255,7 @@ def build_methods(spec: BenchSpec, config: EngineConfig, target: LeanModel, toke
 
 def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> list[Row]:
     """Warm every method up, then `repeats` interleaved timed passes (method order rotates each pass)."""
-    from dspark_core.engine_parts import step_sizes
+    from dspark_core.engine_parts import warm_steps
 
     rows = {m.name: Row(m.name) for m in methods}
     warm = [spec.prompts[0][:32]]
@@ -264,8 +264,7 @@ def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> l
         engine = getattr(m, "engine", None)
         if engine is not None and engine.target.compiled is not None:  # every batch shape compiled before timing
             rows_max = min(spec.concurrency, engine.config.batch.max_requests)
-            line = engine.target.compiled.warm(engine.cache, rows_max, engine.hidden_layers,
-                                                  step_sizes(engine.config))
+            line = warm_steps(engine, rows_max)
             if progress is not None:
                 progress.console.print(f"{m.name}: {line}")
     task = progress.add_task("bench", total=spec.repeats * len(methods)) if progress else None

@@ -64,6 +64,7 @@ def serve_cmd(
 
     from dspark_core.cli.commands import _config
     from dspark_core.engine import Engine
+    from dspark_core.engine_parts import warm_steps
     from dspark_core.pystack import on_deep_stack
     from dspark_core.serving.app import ServeOptions, build_app
     from dspark_core.serving.guard import GuardOptions, is_loopback
@@ -105,8 +106,7 @@ def serve_cmd(
     if engine.target.compiled is not None:
         typer.echo(f"compiling the decode / verify / prefill steps (at most {cfg.compile_budget_s:g} s; cached on "
                    "disk) ...", err=True)
-        typer.echo(worker.submit(on_deep_stack, engine.target.compiled.warm, engine.cache, cfg.batch.max_requests,
-                                 engine.hidden_layers).result(), err=True)
+        typer.echo(worker.submit(on_deep_stack, warm_steps, engine).result(), err=True)
     name = served_name or Path(cfg.model.path).name
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
