@@ -121,13 +121,18 @@ class Bench:
         from tuner.calibrate import instrumented_generate
 
         eng, cfg = self.engine(params)
+        t0 = time.time()
         warm_steps(eng)  # compiled steps: every shape built (or loaded) before the run is timed, as `serve` does
+        warm_s = time.time() - t0
         if instrument:
             res = instrumented_generate(eng, prompts, cfg.sampling)
         else:
             res = {"generation": eng.generate(prompts, cfg.sampling)}
         st = res["generation"].stats
         res.update(tps=st.tokens_per_s, seconds=st.seconds, stats=st)
+        warm = f" (compiling {warm_s:.0f} s)" if warm_s >= 1 else ""
+        print(f"    {label(params)}{' (calibration)' if instrument else ''}: {st.tokens_per_s:.1f} tok/s, "
+              f"{time.time() - t0:.0f} s{warm}", flush=True)  # progress: a run is seconds, a cold compile minutes
         return res
 
 

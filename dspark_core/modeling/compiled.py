@@ -8,8 +8,9 @@ on a CPU, Triton on a GPU) whose pointwise work (norms, RoPE, SiLU, casts) is fu
   engine runs (1 and its verify length, exactly: padding a 9-token verify to 16 costs 16 rows of GEMM; shorter
   drafts verify in that graph too) or else a power of two up to 16 (padding writes past a row's length,
   which the next real tokens overwrite before anyone reads them, as in the eager model). The keys read per
-  slot, Lk (the longest row's length after the step), is the one dynamic dimension: one graph serves every
-  context length, so a growing context never compiles mid-serving (attention masks past each row's position).
+  slot, Lk (the longest row's length after the step), is dynamic: one graph serves every context length, so a
+  growing context never compiles mid-serving (attention masks past each row's position). So is the cache's slot
+  count, for engines that share the step with caches of their own (`_adopt`).
   The KV cache is addressed by tensors (slots, positions), never by Python ints.
 * Rows in consecutive slots read a view of their slots' cache; other batches gather their slots (a copy).
 * A verify step (T > 1) on a CPU runs packed: only its N real tokens (a dynamic size, like Lk) go through the
@@ -163,6 +164,7 @@ class CompiledStep:
     pack: bool = True  # verify steps run their real tokens packed (`_core`'s `packed`; not under CUDA graphs)
     prefill_fn: object = None  # the compiled prefill (modeling/compiled_prefill.py; a CPU's, not under CUDA graphs)
     mixed_fn: object = None  # the compiled verify + prefill step (modeling/compiled_mixed.py)
+    cache: KVCache | None = None  # the cache the last step ran on (`_adopt`)
 
     def __post_init__(self) -> None:
         import torch._dynamo
@@ -218,6 +220,7 @@ class CompiledStep:
         """As LeanModel.forward(..., last_only=True) for a prefill `takes_prefill` accepts: logits [B, 1, V] of each
         row's last prompt token, hidden states packed [N, W]; the slots' lengths set to their prompts'."""
         dev = self.model.device
+        self._adopt(cache)
         pos, rows, pack, last, grid = prefill_inputs(n_new, slots, dev)
         flat = tokens.reshape(-1)[pack.index.cpu()].to(dev)  # [N] the real tokens, row by row
         torch._dynamo.mark_dynamic(flat, 0)
@@ -248,6 +251,7 @@ class CompiledStep:
         real a row) in the fresh slots `pslots`, one forward (modeling/compiled_mixed.py): (the step's ForwardOut as
         `__call__`'s packed one, the prefill's as `prefill`'s); the slots' lengths advanced."""
         dev = self.model.device
+        self._adopt(cache)
         b, t = tokens.shape
         graph_new = [2] + n_new[1:] if sum(n_new) == 1 else n_new  # >= 2 real tokens: a lone decode row writes a
         # second, padding token past its length (overwritten before anyone reads it, as a padded step's)
@@ -277,6 +281,21 @@ class CompiledStep:
         fill = ForwardOut(flat_logits=logits[ng: ng + len(pslots), None], flat_hidden=None if hidden is None
                           else hidden[ng:], pack=inp["ppack"], last_only=True)
         return step, fill
+
+    def _adopt(self, cache: KVCache) -> None:
+        """A step on another cache than the last one (engines sharing this step: bench's methods, a tuner's trials,
+        each with its own cache): its slot count is marked a dynamic size, so graphs that read the whole cache
+        (gathered rows, prefills, mixed steps) serve every engine's (static, each slot count compiled its own); and
+        CUDA graphs, which captured the other cache's addresses, are dropped.
+        One slot stays static (a dynamic size is never 1): a lone request's steps read a view."""
+        if cache is self.cache:
+            return
+        self.cache = cache
+        self.graphs.clear()
+        self.outs.clear()
+        if len(cache.lens) >= 2:
+            for t in (*cache.k, *cache.v):
+                torch._dynamo.mark_dynamic(t, 0)
 
     def _key(self, t: int, cache: KVCache, slots: list[int], hidden_layers: tuple[int, ...]) -> tuple:
         b = len(slots)
@@ -343,6 +362,7 @@ class CompiledStep:
         the same way), rows padding the batch to a power of two cost nothing but attention, and the outputs stay
         packed (ForwardOut.pack), as the eager model's ragged ones."""
         b, t = tokens.shape
+        self._adopt(cache)
         key = self._key(t, cache, slots, hidden_layers)
         bb, tb, _, view = key
         starts = cache.lens[slots]  # [B]

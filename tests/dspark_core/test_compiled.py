@@ -248,3 +248,58 @@ def test_a_compiled_prefill_equals_eager_and_runs_only_on_fresh_slots():
     assert set(compiled.seen) == {("prefill", 2, layers), ("prefill", 1, layers)}
     assert not compiled.takes_prefill(torch.zeros(1, 3, dtype=torch.long), comp, [1], [3])  # slot 1 holds a prompt
     assert not compiled.takes_prefill(torch.zeros(1, 1, dtype=torch.long), comp, [2], [1])  # one token
+
+
+def test_engines_with_other_slot_counts_reuse_the_graphs_that_read_the_whole_cache():
+    """Engines sharing a step (bench's methods, a tuner's trials) each bring a cache of their own slot count: a
+    gathered step compiled on a 4-slot cache serves a 3-slot one without compiling again, and equals eager there."""
+    torch.manual_seed(0)
+    model = load_model(ASSETS / "target", "cpu", "fp32")
+    v = model.arch.vocab_size
+    compiled = CompiledStep(model)
+    for n_slots in (4, 3):
+        eager, comp = model.new_cache(n_slots, 64), model.new_cache(n_slots, 64)
+        prompts = torch.randint(0, v, (n_slots, 6))
+        for cache in (eager, comp):
+            model(prompts, cache, list(range(n_slots)))
+        tok = torch.randint(0, v, (2, 1))
+        want = model(tok, eager, [2, 0])  # two rows out of order: a gather over the whole cache
+        model.compiled = compiled
+        try:
+            with torch._dynamo.config.patch(error_on_recompile=n_slots == 3):
+                got = model(tok, comp, [2, 0])
+        finally:
+            model.compiled = None
+        assert torch.allclose(got.logits, want.logits, atol=1e-4, rtol=1e-4), n_slots
+    assert len(compiled.seen) == 1
+
+
+def test_graph_replay_on_a_new_cache_captures_again(monkeypatch):
+    """A CUDA graph bakes in the addresses of the cache it was captured on: an engine sharing the step with another
+    (bench, a tuner's trials) must not replay the other engine's graphs. The GPU plumbing on a CPU, as above."""
+    from dspark_core.modeling import compiled as comp_mod
+
+    def fake_capture(run, pool):
+        run()
+        return run
+
+    monkeypatch.setattr(comp_mod, "cuda_capture", fake_capture)
+    torch.manual_seed(0)
+    model = load_model(ASSETS / "target", "cpu", "fp32")
+    v = model.arch.vocab_size
+    step = CompiledStep(model, use_graphs=True)
+    for _ in range(2):  # two engines, one after the other, each with its own cache
+        eager, graph = model.new_cache(2, 300), model.new_cache(2, 300)  # a span of 256 keys: not the whole cache
+        prompts = torch.randint(0, v, (2, 5))
+        for cache in (eager, graph):
+            model(prompts, cache, [0, 1])
+        tok = torch.randint(0, v, (2, 1))
+        want = model(tok, eager, [0, 1])
+        model.compiled = step
+        try:
+            got = model(tok, graph, [0, 1])
+        finally:
+            model.compiled = None
+        assert torch.allclose(got.logits, want.logits, atol=1e-4, rtol=1e-4)
+        assert graph.lens.tolist() == eager.lens.tolist() == [6, 6] and not step.graph_error
+        assert len(step.graphs) == 1
