@@ -36,6 +36,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of both the server and generate")
+    ap.add_argument("--compile", action="store_true", help="the engine's compiled steps (`compile: true`, what a tuned "
+                                                           "CPU bundle runs): compiled before either side is timed")
     ap.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md")
     a = ap.parse_args()
 
@@ -44,6 +46,7 @@ def main() -> None:
     from dspark_core.cli.prompts import load_prompts
     from dspark_core.config import EngineConfig, load_config, save_config
     from dspark_core.engine import Engine
+    from dspark_core.engine_parts import warm_steps
     from dspark_core.verification.sampling import SamplingParams
     from live.loadgen import Target, run
     from live.traffic import Planned
@@ -60,6 +63,7 @@ def main() -> None:
 
             cfg.model.path, cfg.weights.dtype, cfg.spec.block_size = str(checkpoint_folder(a.model)), "bf16", 8
             cfg.model.max_seq_len = 1024
+        cfg.compile = a.compile
         config = save_config(cfg, tmp / "dspark.yaml")
     else:
         config = a.config
@@ -67,11 +71,16 @@ def main() -> None:
         if cfg.batch.max_requests < a.concurrency:
             sys.exit(f"--config {config}: batch.max_requests {cfg.batch.max_requests} < --concurrency "
                      f"{a.concurrency}")
+        if a.compile and not cfg.compile:
+            sys.exit(f"--compile: {config} has `compile: false`; set it there (the servers read the config)")
     texts = [r.prompt for r in load_prompts(a.prompts)]
     texts = [texts[i % len(texts)] for i in range(a.requests)]
     gen_cfg = load_config(config)
     gen_cfg.batch.max_requests = a.concurrency  # generate keeps `concurrency` requests in flight, as the clients do
     engine = Engine(gen_cfg)
+    warmed = warm_steps(engine)  # as `serve` compiles at start-up
+    if warmed:
+        print(f"generate: {warmed}", flush=True)
     sp = SamplingParams(max_new_tokens=a.max_tokens, ignore_eos=True)
     engine.generate(texts[: a.concurrency], sp)  # warm-up
     servers = {mode: Server(config, "--threads", str(a.threads), f"--{mode}") for mode in ("static", "adaptive")}
@@ -102,7 +111,7 @@ def main() -> None:
             s.stop()
     ratios = [s / g for g, s, _ in rows]
     lines = [f"Command: `python benchmarks/bench_serve.py --concurrency {a.concurrency} --requests {a.requests} "
-             f"--max-tokens {a.max_tokens} --passes {a.passes} --threads {a.threads}"
+             f"--max-tokens {a.max_tokens} --passes {a.passes} --threads {a.threads}{' --compile' if a.compile else ''}"
              f"{' --config ' + str(a.config) if a.config else ''}{' --model ' + a.model if a.model else ''} --write` "
              f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, this 2-core machine, CPU capability "
              f"{torch.backends.cpu.get_cpu_capability()}). Engine: "
@@ -121,7 +130,8 @@ def main() -> None:
     print(text)
     if a.write:
         model = Path(cfg.model.path).name
-        write_section("bench_serve" if model == "target" else f"bench_serve_{model}", text)
+        name = "bench_serve" if model == "target" else f"bench_serve_{model}"
+        write_section(name + ("_compiled" if a.compile else ""), text)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ def test_sglang_refuses_a_flag_it_does_not_have(sglang_python):
     assert r.returncode == 2 and "unrecognized arguments: --speculative-bogus" in r.stderr
 
 
+@pytest.mark.slow  # ~50 s, the suite's longest; the suite keeps the parser check above and the live dspark-engine study
 def test_a_live_sglang_study_runs_end_to_end(sglang_python, tmp_path, monkeypatch):
     db = tmp_path / "kb.sqlite"
     monkeypatch.setenv("DSPARK_DB", f"sqlite:///{db}")
