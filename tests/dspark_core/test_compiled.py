@@ -173,10 +173,9 @@ def test_engines_sharing_a_target_share_one_compiled_step_with_all_their_sizes()
     assert attach(model, (1, 9), 99.0) is first and model.compiled is first and first.sizes == (1, 9)
 
 
-def test_graph_replay_refreshes_static_inputs_and_pads_the_key_span(monkeypatch):
-    """The GPU path's plumbing, on a CPU: a 'graph' whose replay re-runs the captured closure. Decode steps across the
-    256-key boundary and a verify step, in consecutive and scattered slots, equal eager; one graph per (shape,
-    first slot, padded span), reused while the span bucket lasts."""
+@pytest.fixture
+def stand_in_capture(monkeypatch):
+    """The GPU path's plumbing on a CPU: a 'graph' whose replay re-runs the captured closure."""
     from dspark_core.modeling import compiled as comp_mod
 
     def fake_capture(run, pool):  # warm once (as the real one does), replay = the same closure
@@ -184,6 +183,11 @@ def test_graph_replay_refreshes_static_inputs_and_pads_the_key_span(monkeypatch)
         return run
 
     monkeypatch.setattr(comp_mod, "cuda_capture", fake_capture)
+
+
+def test_graph_replay_refreshes_static_inputs_and_pads_the_key_span(stand_in_capture):
+    """Decode steps across the 256-key boundary and a verify step, in consecutive and scattered slots, equal eager;
+    one graph per (shape, first slot, padded span), reused while the span bucket lasts."""
     torch.manual_seed(0)
     model = load_model(ASSETS / "target", "cpu", "fp32")
     v = model.arch.vocab_size
@@ -274,16 +278,9 @@ def test_engines_with_other_slot_counts_reuse_the_graphs_that_read_the_whole_cac
     assert len(compiled.seen) == 1
 
 
-def test_graph_replay_on_a_new_cache_captures_again(monkeypatch):
+def test_graph_replay_on_a_new_cache_captures_again(stand_in_capture):
     """A CUDA graph bakes in the addresses of the cache it was captured on: an engine sharing the step with another
-    (bench, a tuner's trials) must not replay the other engine's graphs. The GPU plumbing on a CPU, as above."""
-    from dspark_core.modeling import compiled as comp_mod
-
-    def fake_capture(run, pool):
-        run()
-        return run
-
-    monkeypatch.setattr(comp_mod, "cuda_capture", fake_capture)
+    (bench, a tuner's trials) must not replay the other engine's graphs."""
     torch.manual_seed(0)
     model = load_model(ASSETS / "target", "cpu", "fp32")
     v = model.arch.vocab_size
