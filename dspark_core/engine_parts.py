@@ -52,22 +52,25 @@ def build_scheduler(config: EngineConfig, target: LeanModel, cache: KVCache | No
     return build_verify_scheduler(config, target, cache=cache, hidden_layers=hidden_layers)
 
 
-SHORT_VERIFY = 3  # tokens per row of the compiled step for a short verify (anchor + 2 drafts): see step_sizes
+SHORT_VERIFY = (3, 5)  # tokens per row of the compiled step's short verifies (anchor + 2 or 4 drafts): step_sizes
 
 
 def step_sizes(config: EngineConfig) -> tuple[int, ...]:
     """Tokens per row of the compiled step's graphs (modeling/compiled.py pads a step to the next size): 1 for
     decoding, the block + 1 for verification, and, where a prefix / async_topk scheduler chooses the verify length,
-    a short verify of SHORT_VERIFY. A compiled step's grid is dense, every row as long as the longest, and at 8
-    requests on two cores a 9-token verify is compute-bound (RESULTS.md: 8 x 9 tokens cost ~4x 8 x 1), so a scheduler
-    needs a cheaper size to choose when confidences are low (verify_scheduler.EngineScheduler._dense). Packed (a CPU's
-    verify steps) only the real tokens run the GEMMs, but attention still spans the grid: 8 x 9 with one token a row
-    costs 1.28x an 8 x 1 step, 8 x 3 1.06x (verification/grid_costs.py)."""
+    the short verifies of SHORT_VERIFY below it. A compiled step's grid is dense, every row as long as the longest,
+    and at 8 requests on two cores a 9-token verify is compute-bound (RESULTS.md: 8 x 9 tokens cost ~4x 8 x 1), so a
+    scheduler needs cheaper sizes to choose when confidences are low (verify_scheduler.EngineScheduler._dense).
+    Packed (a CPU's verify steps) only the real tokens run the GEMMs, but attention still spans the grid: 8 x 9 with
+    one token a row costs 1.28x an 8 x 1 step, 8 x 3 1.06x (verification/grid_costs.py). A 5-token grid between them
+    lets a round verify a strong row's first 4 drafts without paying the 9-token grid: chat at 8 requests, suffix
+    with the prefix scheduler, 0.99-1.01x plain with it against 0.94-0.97x without, in runs side by side (RESULTS.md,
+    "A 5-token verify grid")."""
     spec = config.spec
     if not spec.enabled or config.drafter.method == "plain":
         return (1,)
     full = spec.block_size + 1
-    short = (SHORT_VERIFY,) if spec.scheduler in ("prefix", "async_topk") and SHORT_VERIFY < full else ()
+    short = tuple(s for s in SHORT_VERIFY if s < full) if spec.scheduler in ("prefix", "async_topk") else ()
     return (1, *short, full)
 
 

@@ -69,11 +69,14 @@ def test_a_shape_the_engine_has_run_is_priced_by_its_measured_step() -> None:
     assert _round(s, 0.9, sampled=False) == [8] * 8  # 8 x 9, never run, keeps the probe's price: and pays
 
 
-@pytest.mark.parametrize(("scheduler", "want"), [("prefix", (1, 3, 9)), ("verify_all", (1, 9))])
+@pytest.mark.parametrize(("scheduler", "want"), [("prefix", (1, 3, 5, 9)), ("verify_all", (1, 9))])
 def test_the_engine_compiles_a_short_verify_where_a_scheduler_can_choose_it(scheduler: str, want: tuple) -> None:
     cfg = EngineConfig()
     cfg.spec.block_size, cfg.spec.scheduler, cfg.drafter.method = 8, scheduler, "suffix"
     assert step_sizes(cfg) == want
+    cfg.spec.block_size = 4  # no short size at or past the full verify
+    assert step_sizes(cfg) == ((1, 3, 5) if scheduler == "prefix" else (1, 5))
+    cfg.spec.block_size = 8
     cfg.spec.enabled = False
     assert step_sizes(cfg) == (1,)
 
