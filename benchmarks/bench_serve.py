@@ -25,6 +25,12 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.results_md import write_section  # noqa: E402
 
 
+def fail(msg: str) -> None:
+    """Bad input: one line, exit 2."""
+    print(f"bench_serve: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", type=Path, help="engine config (default: the tiny target, DSpark markov head)")
@@ -47,6 +53,7 @@ def main() -> None:
     from dspark_core.config import EngineConfig, load_config, save_config
     from dspark_core.engine import Engine
     from dspark_core.engine_parts import warm_steps
+    from dspark_core.errors import DSparkError
     from dspark_core.verification.sampling import SamplingParams
     from live.loadgen import Target, run
     from live.traffic import Planned
@@ -67,12 +74,16 @@ def main() -> None:
         config = save_config(cfg, tmp / "dspark.yaml")
     else:
         config = a.config
-        cfg = load_config(config)
+        try:
+            cfg = load_config(config)
+        except DSparkError as e:
+            fail(str(e))
         if cfg.batch.max_requests < a.concurrency:
-            sys.exit(f"--config {config}: batch.max_requests {cfg.batch.max_requests} < --concurrency "
-                     f"{a.concurrency}")
+            fail(f"--config {config}: batch.max_requests {cfg.batch.max_requests} < --concurrency {a.concurrency}; "
+                 f"raise it there or lower --concurrency")
         if a.compile and not cfg.compile:
-            sys.exit(f"--compile: {config} has `compile: false`; set it there (the servers read the config)")
+            fail(f"--compile: {config} has `compile: false`; set it there (the servers read the config)")
+        a.compile = cfg.compile  # what both sides run: the table's section and command say so
     texts = [r.prompt for r in load_prompts(a.prompts)]
     texts = [texts[i % len(texts)] for i in range(a.requests)]
     gen_cfg = load_config(config)
