@@ -253,12 +253,6 @@ def eval_configs(b: Bench) -> list[dict[str, Any]]:
     return cfgs
 
 
-def _capability() -> str:
-    import torch
-
-    return torch.backends.cpu.get_cpu_capability()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=8, help="evaluation prompts (and as many calibration prompts)")
@@ -274,6 +268,8 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="the engine's compiled decode / verify steps (its fast "
                     "path, what a tuned bundle runs) instead of eager ones; shapes compiled before any run is timed")
     args = ap.parse_args()
+    import torch  # after parsing: --help stays fast
+
     args.out = args.out or (OUT.with_name(f"fidelity_{Path(args.model).name}.json") if args.model else OUT)
     t_start = time.time()
     b = Bench(args.prompts, args.max_new, args.model, args.dtype, args.threads, args.compile)
@@ -327,7 +323,7 @@ def main() -> None:
                "seconds": time.time() - t_start, "load_average": os.getloadavg()[0],
                "prompts": args.prompts, "max_new_tokens": args.max_new, "repeats": args.repeats,
                "model": args.model or "tiny", "dtype": args.dtype, "threads": args.threads,
-               "compile": args.compile, "cpu_capability": _capability()}
+               "compile": args.compile, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     print("\n| config | measured tok/s | predicted tok/s | error | tau meas | tau pred |\n|---|---|---|---|---|---|")
     for r in rows:
         err = (r["predicted"] - r["measured"]) / r["measured"]
