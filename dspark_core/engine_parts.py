@@ -82,4 +82,7 @@ def warm_steps(engine: Engine, max_rows: int | None = None) -> str:
     if step is None:
         return ""
     rows = engine.config.batch.max_requests if max_rows is None else max_rows
-    return step.warm(engine.cache, rows, engine.hidden_layers, step_sizes(engine.config))
+    line = step.warm(engine.cache, rows, engine.hidden_layers, step_sizes(engine.config))
+    drafter = getattr(engine.drafter, "warm", None)  # a compiled DSpark drafter's round (alone or in the hybrid)
+    extra = drafter(rows) if drafter is not None else ""
+    return f"{line}; {extra}" if extra else line

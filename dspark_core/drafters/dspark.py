@@ -199,12 +199,13 @@ class DSparkDraftModel(nn.Module):
 
     @property
     def param_dtype(self) -> torch.dtype:
-        """The drafter's own weight dtype (what its activations run in)."""
-        return self.ctx_proj.weight.dtype
+        """The drafter's own weight dtype (what its activations run in); read off the final norm, which is never
+        repacked (a oneDNN-packed projection's `weight` unpacks a copy)."""
+        return self.norm.weight.dtype
 
     @property
     def param_device(self) -> torch.device:
-        return self.ctx_proj.weight.device
+        return self.norm.weight.device
 
     @property
     def lm_head(self) -> nn.Linear:
@@ -248,7 +249,11 @@ class DSparkDraftModel(nn.Module):
         cos, sin = self.rope(pos)
         for layer, (ck, cv) in zip(self.layers, ctx, strict=True):
             x = layer(x, cos, sin, ck, cv, mask)
-        h = self.norm(x if keep is None else x[:, :keep])
+        return self.block_out(self.norm(x if keep is None else x[:, :keep]), cols)
+
+    def block_out(self, h: torch.Tensor, cols: Columns | None = None) -> BlockOut:
+        """h [B, G, H] final-normed states -> the block: base logits through the shared LM head (over `cols`'
+        columns where given) beside h."""
         hh = h.to(self.embed.weight.dtype)
         return BlockOut(base_logits=(self.lm_head(hh) if cols is None else cols.logits(hh)).float(), hidden=h)
 
@@ -316,8 +321,16 @@ class DSparkDraftModel(nn.Module):
         like the confidence, it is known before x_k is drawn). `cols`: U is over those columns (the block was
         computed with them) and so is the bias; tokens and `probs` come back as vocabulary ids / rows.
         """
-        b = anchors.shape[0]
         g = block.base_logits.shape[1] if g is None else g
+        if all(s.greedy for s in sampling) and not entropy and self.head.kind != "rnn":
+            return self._greedy(block, anchors, g, cols)
+        return self._general(block, anchors, sampling, generators, g, entropy, cols)
+
+    def _general(self, block: BlockOut, anchors: torch.Tensor, sampling: list[SamplingParams],
+                 generators: list[torch.Generator | None] | None, g: int, entropy: bool, cols: Columns | None
+                 ) -> DraftOut:
+        """`draft`'s loop for any batch: sampled rows, the RNN head, entropies."""
+        b = anchors.shape[0]
         gens = generators or [None] * b
         greedy = [s.greedy for s in sampling]
         tokens = torch.zeros(b, g, dtype=torch.long, device=anchors.device)
@@ -353,3 +366,23 @@ class DSparkDraftModel(nn.Module):
             prev = nxt
         conf = self.confidence(block.hidden[:, :g], torch.stack(embedded, dim=1)).float()  # [B, g]
         return DraftOut(tokens=tokens, probs=probs, confidence_logits=conf, entropy=ent)
+
+    def _greedy(self, block: BlockOut, anchors: torch.Tensor, g: int, cols: Columns | None) -> DraftOut:
+        """`draft` for an all-greedy batch with the Markov (or no) head: W2's rows over the columns read as one
+        matrix, so a position is one GEMM, an add and a max (the general loop's per-part GEMMs, concatenation and
+        bookkeeping cost 1.97 ms a round at 8 requests x block 8 on SmolLM2-135M, bf16, AMX; this loop alone ~0.8)."""
+        w2 = None
+        if self.head.w2 is not None:
+            w2 = self.head.w2.weight if cols is None or cols.w2 is None else (
+                cols.w2[0] if len(cols.w2) == 1 else torch.cat(cols.w2))  # [M, r]
+        ids = None if cols is None else cols.ids.to(anchors.device)  # column -> token id
+        prev, toks, embedded = anchors, [], []
+        for k in range(g):
+            e = self.head.w1(prev)  # [B, r]: W1[x_{k-1}]
+            logits = block.base_logits[:, k] if w2 is None else block.base_logits[:, k] + F.linear(e, w2).float()
+            col = top1(logits)
+            prev = col if ids is None else ids[col]
+            toks.append(prev)
+            embedded.append(e)
+        conf = self.confidence(block.hidden[:, :g], torch.stack(embedded, dim=1)).float()  # [B, g]
+        return DraftOut(tokens=torch.stack(toks, dim=1), probs=None, confidence_logits=conf)

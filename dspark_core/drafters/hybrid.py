@@ -173,6 +173,11 @@ class HybridDrafter(Drafter):
     def forget(self) -> None:
         self.suffix.forget()
 
+    def warm(self, rows: int) -> str:
+        """DSpark's compiled round (the suffix proposer has nothing to compile)."""
+        warm = getattr(self.model, "warm", None)
+        return warm(rows) if warm is not None else ""
+
 
 GAIN_RATE = 0.05  # weight of the newest round in DSpark's running mean of accepted tokens, once 20 were seen
 PROBE_EVERY = 64  # rounds without DSpark after which it drafts once anyway (a stale mean would never recover)
