@@ -5,7 +5,7 @@ The committed SmolLM2-135M drafter (bf16, its reduced draft vocabulary) holds `-
 held-out chat prompt run through the target, its hidden states written into the drafter. Then, interleaved, each
 `--repeats` times (medians, ms):
   - `propose`, eager backbone against compiled (drafters/dspark_compiled.py);
-  - the backbone alone (`forward_blocks` without its LM head, against `dspark_compiled.states`);
+  - the backbone alone (`block_states`, against `dspark_compiled.states`);
   - the greedy drafting loop: the general one (`DSparkDraftModel._general`, what every round ran before) against
     the all-greedy one (`_greedy`: one W2 matrix over the round's columns).
 
@@ -65,14 +65,7 @@ def run(rows: int, block: int, repeats: int, threads: int) -> dict[str, Any]:
     def backbone_eager() -> Any:
         lmax = max(lens)
         valid = torch.arange(lmax)[None] < pos[:, None]
-        x = m.block_inputs(anchors, g)
-        p = pos[:, None] + torch.arange(g)[None]
-        mask = torch.cat([valid[:, None, :].expand(len(reqs), g, lmax),
-                          torch.ones(len(reqs), g, g, dtype=torch.bool)], dim=-1)[:, None]
-        cos, sin = m.rope(p)
-        for layer, (ck, cv) in zip(m.layers, drafter._ctx(slots, lmax), strict=True):
-            x = layer(x, cos, sin, ck, cv, mask)
-        return m.norm(x)
+        return m.block_states(anchors, pos, drafter._ctx(slots, lmax), valid, g)
 
     with torch.inference_mode():
         blk = m.block_out(states(m, anchors, pos, slots, lens, drafter.kbuf, drafter.vbuf, g)[:, :block], cols)

@@ -83,6 +83,6 @@ def warm_steps(engine: Engine, max_rows: int | None = None) -> str:
         return ""
     rows = engine.config.batch.max_requests if max_rows is None else max_rows
     line = step.warm(engine.cache, rows, engine.hidden_layers, step_sizes(engine.config))
-    drafter = getattr(engine.drafter, "warm", None)  # a compiled DSpark drafter's round (alone or in the hybrid)
-    extra = drafter(rows) if drafter is not None else ""
+    warm = getattr(engine.drafter, "warm", None)  # a compiled DSpark drafter's backbone (alone or in the hybrid)
+    extra = warm(rows) if warm is not None else ""
     return f"{line}; {extra}" if extra else line

@@ -241,34 +241,45 @@ class DSparkDraftModel(nn.Module):
         return torch.cat([a, m], dim=-2)
 
     def backbone(self, x: torch.Tensor, pos: torch.Tensor, ctx: list[tuple[torch.Tensor, torch.Tensor]],
-                 mask: torch.Tensor, keep: int | None = None, cols: Columns | None = None) -> BlockOut:
-        """x [B, Q, H] block inputs at positions pos [B, Q]; ctx per layer; mask [B, 1, Q, Lc + Q].
-        `keep`: only the first `keep` positions go through the final norm and LM head (the rest still shape
-        the others' states through bidirectional attention, but nobody samples from them). `cols`: logits over
-        those columns only (a reduced draft vocabulary, drafters/draft_vocab.py), else over the vocabulary."""
+                 mask: torch.Tensor) -> BlockOut:
+        """x [B, Q, H] block inputs at positions pos [B, Q]; ctx per layer; mask [B, 1, Q, Lc + Q] -> the block
+        over the whole vocabulary (training)."""
+        return self.block_out(self.layer_states(x, pos, ctx, mask))
+
+    def layer_states(self, x: torch.Tensor, pos: torch.Tensor, ctx: list[tuple[torch.Tensor, torch.Tensor]],
+                     mask: torch.Tensor) -> torch.Tensor:
+        """`backbone` without its LM head -> h [B, Q, H] final-normed."""
         cos, sin = self.rope(pos)
         for layer, (ck, cv) in zip(self.layers, ctx, strict=True):
             x = layer(x, cos, sin, ck, cv, mask)
-        return self.block_out(self.norm(x if keep is None else x[:, :keep]), cols)
+        return self.norm(x)
 
     def block_out(self, h: torch.Tensor, cols: Columns | None = None) -> BlockOut:
         """h [B, G, H] final-normed states -> the block: base logits through the shared LM head (over `cols`'
-        columns where given) beside h."""
+        columns where given, a reduced draft vocabulary: drafters/draft_vocab.py) beside h."""
         hh = h.to(self.embed.weight.dtype)
         return BlockOut(base_logits=(self.lm_head(hh) if cols is None else cols.logits(hh)).float(), hidden=h)
 
-    def forward_blocks(self, anchors: torch.Tensor, anchor_pos: torch.Tensor,
-                       ctx: list[tuple[torch.Tensor, torch.Tensor]], ctx_valid: torch.Tensor,
-                       g: int, keep: int | None = None, cols: Columns | None = None) -> BlockOut:
-        """One block per row (inference). anchors / anchor_pos [B]; ctx per layer [B, Lc, nkv, hd];
-        ctx_valid [B, Lc] bool (False = padding) -> U [B, keep or g, V or M columns], h [B, keep or g, H]: a
-        block of g slots, of which the first `keep` are drafted from."""
+    def block_states(self, anchors: torch.Tensor, anchor_pos: torch.Tensor,
+                     ctx: list[tuple[torch.Tensor, torch.Tensor]], ctx_valid: torch.Tensor, g: int) -> torch.Tensor:
+        """One block per row (inference), without its LM head. anchors / anchor_pos [B]; ctx per layer [B, Lc, nkv,
+        hd]; ctx_valid [B, Lc] bool (False = padding) -> h [B, g, H] final-normed (drafters/dspark_compiled.py runs
+        this through torch.compile)."""
         b = anchors.shape[0]
         x = self.block_inputs(anchors, g)  # [B, g, H]
         pos = anchor_pos[:, None] + torch.arange(g, device=anchor_pos.device)[None]  # [B, g]
         block = torch.ones(b, g, g, dtype=torch.bool, device=ctx_valid.device)
         mask = torch.cat([ctx_valid[:, None, :].expand(b, g, -1), block], dim=-1)[:, None]  # [B,1,g,Lc+g]
-        return self.backbone(x, pos, ctx, mask, keep, cols)
+        return self.layer_states(x, pos, ctx, mask)
+
+    def forward_blocks(self, anchors: torch.Tensor, anchor_pos: torch.Tensor,
+                       ctx: list[tuple[torch.Tensor, torch.Tensor]], ctx_valid: torch.Tensor,
+                       g: int, keep: int | None = None, cols: Columns | None = None) -> BlockOut:
+        """`block_states` then the LM head -> U [B, keep or g, V or M columns], h [B, keep or g, H]: a block of g
+        slots, of which the first `keep` are drafted from (the rest still shape the others' states through
+        bidirectional attention, but nobody samples from them)."""
+        h = self.block_states(anchors, anchor_pos, ctx, ctx_valid, g)
+        return self.block_out(h if keep is None else h[:, :keep], cols)
 
     def forward_packed(self, tokens: torch.Tensor, target_hidden: torch.Tensor, anchors: torch.Tensor
                        ) -> BlockOut:

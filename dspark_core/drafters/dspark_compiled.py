@@ -21,29 +21,17 @@ from collections.abc import Callable
 
 import torch
 
-_FNS: dict[str, Callable] = {}  # the compiled functions, one each per process (drafters share their graphs)
+_FN: list[Callable] = []  # the compiled backbone, made once per process (drafters share its graphs)
 
 
-def _states(model, anchors: torch.Tensor, anchor_pos: torch.Tensor, idx: torch.Tensor, span: torch.Tensor,
-            valid: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], g: int) -> torch.Tensor:  # noqa: ANN001
-    """anchors, anchor_pos, idx [B] long (idx: the rows' slots); span [Lc] (dynamic; its length is the read);
-    valid [B, Lc] bool; ks / vs per layer [slots, capacity, nkv, hd] -> h [B, g, H] final-normed."""
-    b, lc = anchors.shape[0], span.shape[0]
-    x = model.block_inputs(anchors, g)  # [B, g, H]
-    pos = anchor_pos[:, None] + torch.arange(g, device=anchors.device)[None]  # [B, g]
-    block = torch.ones(b, g, g, dtype=torch.bool, device=anchors.device)
-    mask = torch.cat([valid[:, None, :].expand(b, g, lc), block], dim=-1)[:, None]  # [B, 1, g, Lc + g]
-    cos, sin = model.rope(pos)
+def _states(model, anchors: torch.Tensor, anchor_pos: torch.Tensor, idx: torch.Tensor, span: torch.Tensor,  # noqa: ANN001
+            valid: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], g: int) -> torch.Tensor:
+    """`DSparkDraftModel.block_states` over the rows' contexts read from the buffers. idx [B] long: the rows'
+    slots; span [Lc] (dynamic; its length is the read); valid [B, Lc] bool; ks / vs per layer [slots, capacity,
+    nkv, hd] -> h [B, g, H]."""
     at = (idx[:, None], span[None, :])  # a gather, not a slice: a slice would specialise Lc == capacity apart
-    for layer, k, v in zip(model.layers, ks, vs, strict=True):
-        x = layer(x, cos, sin, k[at], v[at], mask)
-    return model.norm(x)
-
-
-def _fn(name: str) -> Callable:
-    if name not in _FNS:
-        _FNS[name] = torch.compile({"states": _states}[name], dynamic=None)
-    return _FNS[name]
+    ctx = [(k[at], v[at]) for k, v in zip(ks, vs, strict=True)]
+    return model.block_states(anchors, anchor_pos, ctx, valid, g)
 
 
 def _dynamic(t: torch.Tensor, *dims: int) -> torch.Tensor:
@@ -62,11 +50,13 @@ def states(model, anchors: torch.Tensor, anchor_pos: torch.Tensor, slots: list[i
     lc = max(2, *lens)  # the span is a dynamic size: never 1 (dynamo would specialise it); valid masks the extra
     idx = torch.tensor(slots, device=dev)
     span = torch.arange(lc, device=dev)
-    valid = span[None] < torch.tensor(lens, device=dev)[:, None]  # [B, Lc]
+    valid = span[None] < anchor_pos[:, None]  # [B, Lc]: anchor_pos is each row's context length
     for t in (anchors, anchor_pos, idx):
         _dynamic(t, 0)
     _dynamic(span, 0)
     _dynamic(valid, 0, 1)
     for buf in (*kbuf, *vbuf):
         _dynamic(buf, 0, 1)
-    return _fn("states")(model, anchors, anchor_pos, idx, span, valid, kbuf, vbuf, g)
+    if not _FN:
+        _FN.append(torch.compile(_states, dynamic=None))
+    return _FN[0](model, anchors, anchor_pos, idx, span, valid, kbuf, vbuf, g)
