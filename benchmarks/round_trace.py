@@ -113,7 +113,9 @@ def run(method: str, concurrency: int, prompts: Path, limit: int, collector: str
         "capability": torch.backends.cpu.get_cpu_capability(), "method": method, "concurrency": concurrency,
         "collector": collector,
         "tokens_per_s": {r.name: round(r.tokens / r.seconds, 2) for r in rows},
-        "grids": [{"grid": list(g), "rounds": len(v), "wall_ms": round(sum(w for w, _ in v) / len(v) * 1e3, 2),
+        # grid None: rounds whose verify step also prefilled admissions (compiled_mixed), which step_took skips
+        "grids": [{"grid": list(g) if g else None, "rounds": len(v),
+                   "wall_ms": round(sum(w for w, _ in v) / len(v) * 1e3, 2),
                    "step_ms": round(sum(s for _, s in v) / len(v) * 1e3, 2),
                    "predicted_step_ms": round(sum(p or 0 for _, _, p in pred[g]) / len(pred[g]) * 1e3, 2)
                    if pred.get(g) and all(p is not None for _, _, p in pred[g]) else None,

@@ -442,6 +442,8 @@ class Engine:
         if hasattr(self.scheduler, "waiting"):  # the round log records the queue behind the batch
             self.scheduler.waiting = len(self._waiting)
         if self.drafter and any(q.gamma for q in reqs):
+            floor = getattr(self.scheduler, "draft_floor", None)
+            self.drafter.stop_below = floor(reqs) if floor is not None else 0.0
             prop = self.drafter.propose(reqs)
             chosen = self.scheduler.choose(reqs, prop)
         else:

@@ -101,6 +101,7 @@ class Drafter(ABC):
 
     name: str = "drafter"  # method name in stats and bench rows
     hidden_layers: tuple[int, ...] = ()  # target decoder layers whose hidden states this drafter needs
+    stop_below: float = 0.0  # this round's scheduler verifies no draft of lower survival: drafting may stop there
 
     @abstractmethod
     def reset(self, slot: int, prompt: list[int], hidden: torch.Tensor | None) -> None:

@@ -99,13 +99,16 @@ class DSparkDrafter(Drafter):
         n = self.lens[slot]
         return [(k[slot, :n], v[slot, :n]) for k, v in zip(self.kbuf, self.vbuf, strict=True)]
 
+    def _inv_temps(self, g: int) -> torch.Tensor:
+        """[g] 1 / T_k of the STS calibration (1 past the calibrated positions, and without one)."""
+        temps = ((self.sts.temperatures if self.sts is not None else []) + [1.0] * g)[:g]
+        return 1.0 / torch.tensor(temps, dtype=torch.float32)
+
     def _calibrated(self, raw: torch.Tensor) -> torch.Tensor:
         """raw confidence logits [B, G] -> sigmoid(raw / T_k) (T = 1 past the calibrated positions)."""
         if self.sts is None:
             return torch.sigmoid(raw)
-        g = raw.shape[-1]
-        temps = (self.sts.temperatures + [1.0] * g)[:g]
-        return torch.sigmoid(raw / torch.tensor(temps, dtype=raw.dtype, device=raw.device))
+        return torch.sigmoid(raw * self._inv_temps(raw.shape[-1]).to(raw))
 
     def _ctx(self, slots: list[int], lmax: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per draft layer (k, v) [B, lmax, nkv, hd] of `slots`: views where they are consecutive, else a gather."""
@@ -165,9 +168,11 @@ class DSparkDrafter(Drafter):
             valid = torch.arange(lmax, device=dev)[None] < pos[:, None]
             block = self.model.forward_blocks(anchors, pos, self._ctx(slots, lmax), valid, g_run, keep=g, cols=cols)
         out = self.model.draft(block, anchors, [requests[i].sampling for i in rows],
-                               [requests[i].generator for i in rows], g=g, entropy=self.want_entropy, cols=cols)
-        tokens[rows] = out.tokens.cpu()
-        conf[rows] = self._calibrated(out.confidence_logits.float()).cpu()
+                               [requests[i].generator for i in rows], g=g, entropy=self.want_entropy, cols=cols,
+                               stop=self.stop_below, inv_temps=self._inv_temps(g).to(dev))
+        d = out.tokens.shape[1]  # positions drafted: g, or fewer where every row fell below stop_below
+        tokens[rows, :d] = out.tokens.cpu()
+        conf[rows, :d] = self._calibrated(out.confidence_logits.float()).cpu()
         probs = None
         if out.probs is not None:
             probs = torch.zeros(b, g, out.probs.shape[-1])
@@ -176,7 +181,8 @@ class DSparkDrafter(Drafter):
         if out.entropy is not None:
             ent = torch.zeros(b, g)
             ent[rows] = out.entropy
-        return Proposal(tokens=tokens, num=[r.gamma for r in requests], probs=probs, confidence=conf, entropy=ent)
+        return Proposal(tokens=tokens, num=[min(r.gamma, d) for r in requests], probs=probs, confidence=conf,
+                        entropy=ent)
 
     @torch.inference_mode()
     def update(self, results: list[RoundResult]) -> None:

@@ -96,6 +96,7 @@ class HybridDrafter(Drafter):
         self._idle = 0 if runs else self._idle + 1
         with self.cost.model_call(runs):
             self._catch_up([r.slot for r in ask if r.gamma > 0])
+            self.model.stop_below = self.stop_below
             pm = self.model.propose(ask)
         g = max(ps.tokens.shape[1], pm.tokens.shape[1])
         e_m = _expected(pm)

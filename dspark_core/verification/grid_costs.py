@@ -120,3 +120,25 @@ def packed_schedule(rows: Sequence[Sequence[float]], costs: GridCosts, sizes: Se
         if t - 1 >= longest:
             break  # every draft fits this grid: a larger one only costs more
     return best
+
+
+def survival_floor(costs: GridCosts, rows: int, sizes: Sequence[int], *, overhead_s: float = 0.0,
+                   batch_rows: int | None = None, boost: float = 1.0) -> float:
+    """A survival probability below which `packed_schedule` never admits a draft of a `rows`-request round: the
+    drafter may stop drafting there (DSparkDraftModel._greedy), since no later draft of the row survives more.
+
+    Admitting a token of survival a to a prefix with expected tokens tau on grid g raises Theta only if
+    a x (seconds + overhead_s) > tau x (its marginal seconds), and the best prefix ends on such a token (the
+    candidates are sorted by survival). tau >= rows, a grid's seconds are at most its full step's and its marginal
+    seconds a token are its line's slope, so no admitted token is below rows x slope / (full + overhead_s) on any
+    grid; `boost` is the most the scheduler scales a row's survival by (EngineScheduler.factor's clamp). 0.0 where
+    a grid costs no more for more tokens (then nothing is ever ruled out)."""
+    b = max(batch_rows or rows, rows)
+    floor = float("inf")
+    for t in (s for s in sizes if s > 1):
+        grid = (b, t)
+        if grid not in costs.low:
+            continue
+        lo, hi = costs.seconds(grid, b), costs.seconds(grid, b * t)
+        floor = min(floor, rows * max(hi - lo, 0.0) / (b * t - b) / (hi + overhead_s))
+    return 0.0 if floor == float("inf") else floor / boost

@@ -23,7 +23,7 @@ from dspark_core.verification.gamma_policy import (
     choose_blocks,
     text_features,
 )
-from dspark_core.verification.grid_costs import GridCosts, packed_schedule, probe_grids
+from dspark_core.verification.grid_costs import GridCosts, packed_schedule, probe_grids, survival_floor
 from dspark_core.verification.learned import LearnedScheduler, PolicyFile, RollingAcceptance, RoundContext
 from dspark_core.verification.regulator import GammaRegulator, RegulatorConfig
 from dspark_core.verification.round_log import RoundLog, RoundRecord
@@ -161,7 +161,7 @@ class EngineScheduler:
         the data it was fitted on, not on this traffic: on SmolLM2 at 8 requests suffix's expectations ran 12% high
         on chat and 12-19% low on code, and the scheduler took 3-token steps chat's drafts could not pay for."""
         accepted, expected = self.calibration.get(source, (0.0, 0.0))
-        return min(2.0, max(0.5, (accepted + CAL_PRIOR) / (expected + CAL_PRIOR)))
+        return min(CAL_MAX, max(0.5, (accepted + CAL_PRIOR) / (expected + CAL_PRIOR)))
 
     def _scaled(self, row: list[float], source: str) -> list[float]:
         """`row`'s confidences with every prefix-survival probability times factor(source) (the first one scaled,
@@ -215,6 +215,19 @@ class EngineScheduler:
             t = dec.batch_tokens // padded
         lengths = [min(t - 1, len(r)) for r in rows]
         return lengths, self._dense_tokens(len(rows), max(lengths) + 1)
+
+    def draft_floor(self, requests: list[DraftRequest]) -> float:
+        """The survival below which this round's packed schedule admits no draft (grid_costs.survival_floor): the
+        drafter may stop a greedy batch's drafting where every row is below it, and the round verifies the same
+        tokens. 0.0 (draft the whole block) unless this is a greedy batch ranked on a compiled step's grids."""
+        if self.grid is None or not self.dense_sizes or self.policy.name not in ("prefix", "async_topk"):
+            return 0.0
+        if not all(r.sampling.greedy for r in requests):  # a sampled batch's lengths come from last round's rows
+            return 0.0
+        from dspark_core.modeling.compiled import bucket
+
+        return survival_floor(self.grid, len(requests), self.dense_sizes, batch_rows=bucket(len(requests)),
+                              overhead_s=float(getattr(self.policy, "overhead_s", 0)), boost=CAL_MAX)
 
     def _size(self, tokens: int) -> int:
         """The step size a row of `tokens` tokens runs in (modeling/compiled.py CompiledStep.t_bucket)."""
@@ -278,6 +291,7 @@ class EngineScheduler:
 
 CAL_DECAY = 0.98  # per round: a proposer's calibration remembers ~50 rounds
 CAL_PRIOR = 8.0  # tokens of "as calibrated" every factor starts from
+CAL_MAX = 2.0  # the most a proposer's factor scales its rows' survival by
 
 
 def ragged_rows(batch_tokens: int, rows: int) -> list[int]:
