@@ -442,13 +442,11 @@ class Engine:
         if hasattr(self.scheduler, "waiting"):  # the round log records the queue behind the batch
             self.scheduler.waiting = len(self._waiting)
         if self.drafter and any(q.gamma for q in reqs):
-            floor = getattr(self.scheduler, "draft_floor", None)
-            self.drafter.stop_below = floor(reqs) if floor is not None else 0.0
+            self.drafter.stop_below = getattr(self.scheduler, "draft_floor", lambda _: 0.0)(reqs)  # where to stop
             prop = self.drafter.propose(reqs)
             chosen = self.scheduler.choose(reqs, prop)
         else:
-            prop = Proposal(tokens=torch.zeros(b, 0, dtype=torch.long), num=[0] * b)
-            chosen = [0] * b
+            prop, chosen = Proposal(tokens=torch.zeros(b, 0, dtype=torch.long), num=[0] * b), [0] * b
             if hasattr(self.scheduler, "plain_round"):  # the round log prices plain steps too
                 self.scheduler.plain_round(reqs)
         cap = self.config.spec.max_verify_tokens

@@ -385,36 +385,33 @@ class DSparkDraftModel(nn.Module):
     def _greedy(self, block: BlockOut, anchors: torch.Tensor, g: int, cols: Columns | None, stop: float = 0.0,
                 inv_temps: torch.Tensor | None = None) -> DraftOut:
         """`draft` for an all-greedy batch with the Markov (or no) head: W2's rows over the columns read as one
-        fp32 matrix, so a position is one GEMM, an add and a max (the general loop's per-part GEMMs, concatenation
-        and bookkeeping cost 1.97 ms a round at 8 requests x block 8 on SmolLM2-135M, bf16, AMX; this loop alone
-        ~0.8; a bf16 [8, 32] x [32, 8,202] GEMM took 56 us, fp32 45, and saved the cast and add after it).
-        With `stop`, each position also folds its confidence into the rows' survival, and the loop ends once every
-        row's is below `stop`: the scheduler would verify none of the rest (grid_costs.survival_floor)."""
+        matrix, so a position is one GEMM, an add and a max (the general loop's per-part GEMMs, concatenation and
+        bookkeeping cost 1.97 ms a round at 8 requests x block 8 on SmolLM2-135M, bf16, AMX; this loop alone ~0.8).
+        With `stop`, the confidence head runs at each position, its calibrated confidence (x inv_temps[k] before the
+        sigmoid) folds into the rows' survival, and the loop ends once every row's is below `stop`: the scheduler
+        would verify none of the rest (grid_costs.survival_floor)."""
         w2 = None
         if self.head.w2 is not None:
             w2 = self.head.w2.weight if cols is None or cols.w2 is None else (
                 cols.w2[0] if len(cols.w2) == 1 else torch.cat(cols.w2))  # [M, r]
-            w2 = w2.float()
         ids = None if cols is None else cols.ids.to(anchors.device)  # column -> token id
         watch = stop > 0.0 and g > 1
-        if watch:  # c_k = w_h . h_k + w_e . W1[x_{k-1}] + b: the h part for every position at once
-            w = self.confidence.proj.weight[0].float()  # [H + r]
-            hs = block.hidden.shape[-1]
-            lead = block.hidden[:, :g].float() @ w[:hs] + self.confidence.proj.bias.float()  # [B, g]
-            scale = lead.new_ones(g) if inv_temps is None else inv_temps[:g].to(lead)
-            alive = lead.new_ones(anchors.shape[0])
-        prev, toks, embedded = anchors, [], []
+        alive = torch.ones(anchors.shape[0], device=anchors.device)  # [B] survival of the drafts so far (watch)
+        prev, toks, embedded, raws = anchors, [], [], []
         for k in range(g):
             e = self.head.w1(prev)  # [B, r]: W1[x_{k-1}]
-            logits = block.base_logits[:, k] if w2 is None else block.base_logits[:, k] + F.linear(e.float(), w2)
+            logits = block.base_logits[:, k] if w2 is None else block.base_logits[:, k] + F.linear(e, w2).float()
             col = top1(logits)
             prev = col if ids is None else ids[col]
             toks.append(prev)
             embedded.append(e)
-            if watch and k + 1 < g:
-                alive = alive * torch.sigmoid((lead[:, k] + e.float() @ w[hs:]) * scale[k])
+            if watch:
+                raws.append(self.confidence(block.hidden[:, k], e).float())  # [B] raw confidence of draft k
+                scale = 1.0 if inv_temps is None else inv_temps[k]
+                alive = alive * torch.sigmoid(raws[-1] * scale)
                 if float(alive.max()) < stop:
                     break
         d = len(toks)
-        conf = self.confidence(block.hidden[:, :d], torch.stack(embedded, dim=1)).float()  # [B, d]
+        conf = torch.stack(raws, dim=1) if watch else self.confidence(
+            block.hidden[:, :d], torch.stack(embedded, dim=1)).float()  # [B, d]
         return DraftOut(tokens=torch.stack(toks, dim=1), probs=None, confidence_logits=conf)

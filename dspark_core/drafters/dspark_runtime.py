@@ -169,7 +169,7 @@ class DSparkDrafter(Drafter):
             block = self.model.forward_blocks(anchors, pos, self._ctx(slots, lmax), valid, g_run, keep=g, cols=cols)
         out = self.model.draft(block, anchors, [requests[i].sampling for i in rows],
                                [requests[i].generator for i in rows], g=g, entropy=self.want_entropy, cols=cols,
-                               stop=self.stop_below, inv_temps=self._inv_temps(g).to(dev))
+                               stop=self.stop_below, inv_temps=self._inv_temps(g).to(dev) if self.stop_below else None)
         d = out.tokens.shape[1]  # positions drafted: g, or fewer where every row fell below stop_below
         tokens[rows, :d] = out.tokens.cpu()
         conf[rows, :d] = self._calibrated(out.confidence_logits.float()).cpu()
