@@ -16,14 +16,24 @@ PG_URL = os.environ.get("DSPARK_TEST_PG_URL")
 SLOW = os.environ.get("DSPARK_SLOW_CHECKS") == "1"  # benchmarks/slow_checks.sh: the checks kept out of the suite
 
 
+def _uses_postgres(item: pytest.Item) -> bool:
+    """Whether a test opens the CI PostgreSQL server (marked, or through the pg_url / db_url[postgres] fixtures)."""
+    callspec = getattr(item, "callspec", None)
+    return ("postgres" in item.keywords or "pg_url" in getattr(item, "fixturenames", ())
+            or (callspec is not None and callspec.params.get("db_url") == "postgres"))
+
+
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ARG001 - pytest's hook signature
     """Tests marked `slow` (a minute or more, covered in part by faster ones) run only from
-    benchmarks/slow_checks.sh, so the README's suite stays within its time."""
-    if SLOW:
-        return
+    benchmarks/slow_checks.sh, so the README's suite stays within its time. The README runs the suite on two
+    pytest-xdist workers (`--dist loadgroup`): every test of the one PostgreSQL server runs on one worker, in
+    turn, because one of them restarts that server."""
+    group = pytest.mark.xdist_group("postgres")
     skip = pytest.mark.skip(reason="a slow check: bash benchmarks/slow_checks.sh runs it")
     for item in items:
-        if "slow" in item.keywords:
+        if _uses_postgres(item):
+            item.add_marker(group)
+        if "slow" in item.keywords and not SLOW:
             item.add_marker(skip)
 
 

@@ -74,7 +74,8 @@ def _trials(db: str) -> list:
 
 def test_dspark_engine_tunes_and_ships_the_script_it_ran(state, tmp_path):
     out = tmp_path / "bundle"
-    r = _tune("--engine", "dspark", "--trials", "2", "--out", str(out), *SMALL)
+    r = _tune("--engine", "dspark", "--trials", "2", "--out", str(out), "--slo-ttft-ms", "0", "--slo-tpot-ms", "0",
+              *SMALL)  # no SLO: what is checked is the export, not whether a loaded machine meets the workload's
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout)
     assert summary["mode"] == "live" and summary["trials"] == 2 and summary["metrics"]["throughput"] > 0
