@@ -52,15 +52,19 @@ def _tune(*argv: str, env: dict[str, str] | None = None, fake: bool = False, tim
 
 
 def _servers_running(marker: str) -> list[int]:
-    """Pids whose command line holds `marker` (a test's own state folder or script)."""
+    """Pids whose command line holds `marker` (a test's own state folder or script). Where the test set
+    DSPARK_STATE_DIR (the `state` fixture), only processes that inherited it count: servers another pytest-xdist
+    worker's test started run the same script."""
+    mine = os.environ.get("DSPARK_STATE_DIR", "").encode()
     out = []
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
             try:
                 cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                env = (p / "environ").read_bytes().split(b"\0") if mine else []
             except OSError:
                 continue
-            if marker in cmd and "pytest" not in cmd:
+            if marker in cmd and "pytest" not in cmd and (not mine or b"DSPARK_STATE_DIR=" + mine in env):
                 out.append(int(p.name))
     return out
 
