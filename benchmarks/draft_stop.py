@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from round_trace import real_target  # noqa: E402 - after the path it lives on
+from results_md import check_ranges  # noqa: E402 - after the path it lives on
+from round_trace import real_target  # noqa: E402
 
 
 def run(prompts: Path, limit: int, methods: list[str], concurrency: int, repeats: int) -> dict[str, Any]:
@@ -84,11 +85,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    for name, v, lo, hi in (("--limit", a.limit, 1, 10_000), ("--concurrency", a.concurrency, 1, 64),
-                            ("--repeats", a.repeats, 1, 100)):
-        if not lo <= v <= hi:
-            print(f"draft_stop: {name} {v} is outside [{lo}, {hi}]", file=sys.stderr)
-            raise SystemExit(2)
+    check_ranges("draft_stop", (("--limit", a.limit, 1, 10_000), ("--concurrency", a.concurrency, 1, 64),
+                                ("--repeats", a.repeats, 1, 100)))
     if not a.prompts.is_file():
         print(f"draft_stop: --prompts {a.prompts} is not a file", file=sys.stderr)
         raise SystemExit(2)

@@ -28,6 +28,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from results_md import check_ranges  # noqa: E402 - after the path it lives on
 
 
 def run(rows: int, block: int, repeats: int, threads: int, stop: float) -> dict[str, Any]:
@@ -111,14 +114,9 @@ def main() -> None:
     ap.add_argument("--stop", type=float, default=0.0155)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    if not 0.0 <= a.stop < 1.0:
-        print(f"drafter_round: --stop {a.stop} is outside [0, 1)", file=sys.stderr)
-        raise SystemExit(2)
-    for name, v, lo, hi in (("--rows", a.rows, 1, 64), ("--block", a.block, 1, 16), ("--repeats", a.repeats, 1, 1000),
-                            ("--threads", a.threads, 1, 256)):
-        if not lo <= v <= hi:
-            print(f"drafter_round: {name} {v} is outside [{lo}, {hi}]", file=sys.stderr)
-            raise SystemExit(2)
+    check_ranges("drafter_round", (("--stop", a.stop, 0.0, 0.999), ("--rows", a.rows, 1, 64),
+                                   ("--block", a.block, 1, 16), ("--repeats", a.repeats, 1, 1000),
+                                   ("--threads", a.threads, 1, 256)))
     out = run(a.rows, a.block, a.repeats, a.threads, a.stop)
     if a.json:
         print(json.dumps(out, indent=1))

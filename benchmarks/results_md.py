@@ -14,6 +14,15 @@ sys.path.insert(0, str(ROOT))
 from dspark_core.atomic import atomic_write_text  # noqa: E402
 
 
+def check_ranges(script: str, checks: tuple[tuple[str, float, float, float], ...]) -> None:
+    """Exit 2 with one line for the first option outside its range: each check is (option, value, low, high),
+    both bounds included. Benchmarks size their loops and allocations from these."""
+    for name, value, low, high in checks:
+        if not low <= value <= high:
+            print(f"{script}: {name} {value} is outside [{low}, {high}]", file=sys.stderr)
+            raise SystemExit(2)
+
+
 def shown_command(script: str) -> str:
     """The command line this run was started with (`python SCRIPT ARGS`), quoted for a shell: what reruns it."""
     return shlex.join(["python", script, *sys.argv[1:]])

@@ -6,7 +6,8 @@ packs the dtype): the time to read the model's weights once at one row (every pr
 model's order), and the limit is the fastest of those; then the lean model's own forward at one request (plain
 decode), at 8 requests, and verifying 5 and 9 tokens of one request, each as a multiple of that limit, all
 interleaved in one run (ratios, never absolute times: the cores are shared). `--compile` adds the same steps through
-`torch.compile` (dspark_core/modeling/compiled.py).
+`torch.compile` (dspark_core/modeling/compiled.py). In bf16 where our attention kernel runs
+(dspark_core/modeling/cpu_attention.py), `onednn-sdpa` is the onednn model with it off: SDPA's attention, as before.
 
     python benchmarks/step_limit.py [--threads 2] [--context 256] [--repeats 5] [--json] [--write]
 
@@ -73,6 +74,18 @@ def timers(model, context: int, compiled, kernel: str) -> dict[str, Any]:
     return out
 
 
+def sdpa(fn):  # a step -> the same step with our attention kernel off (modeling/cpu_attention.py), then on again
+    from dspark_core.modeling import cpu_attention
+
+    def run() -> None:
+        cpu_attention.use(False)
+        try:
+            fn()
+        finally:
+            cpu_attention.use(True)
+    return run
+
+
 def measure(fns: dict[str, Any], repeats: int) -> dict[str, float]:
     """Median ms per call of each function, interleaved round by round."""
     for fn in fns.values():
@@ -100,6 +113,7 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
+    from dspark_core.modeling import cpu_attention
     from dspark_core.modeling.checkpoint import checkpoint_folder, load_model
     from dspark_core.modeling.cpu_linear import pack_linears
 
@@ -122,6 +136,9 @@ def main() -> int:
 
                 compiled = CompiledStep(model, sizes=(1, *VERIFY))  # as the engine: a graph per verify length
             fns |= timers(model, a.context, compiled, kernel)
+            if kernel == "onednn" and dt == "bf16" and cpu_attention.load():  # the same steps on SDPA's attention
+                fns |= {k.replace("onednn_", "onednn-sdpa_"): sdpa(fn) for k, fn in
+                        timers(model, a.context, compiled, kernel).items() if not k.endswith("_stream")}
         t0 = time.perf_counter()
         for fn in fns.values():  # the first call of each compiled shape compiles it (or loads it from disk)
             fn()
@@ -172,8 +189,9 @@ def write(r: dict[str, Any]) -> None:
         for name, x in row["steps_x_limit"].items():
             kernel, mode = name.split("_")
             cells = [x[n] for n in SHAPES] + [x[f"verify{t}_over_plain1"] for t in VERIFY]
-            lines.append(f"| {row['dtype']} | {kernel} | {mode} | {row['limit_ms']} | {row['stream_gbs']} | "
-                         f"{row['stream_x_limit'][kernel]} | " + " | ".join(map(str, cells)) + " |")
+            own = row["stream_x_limit"].get(kernel.split("-")[0], "-")  # onednn-sdpa: onednn's weights
+            lines.append(f"| {row['dtype']} | {kernel} | {mode} | {row['limit_ms']} | {row['stream_gbs']} | {own} | "
+                         + " | ".join(map(str, cells)) + " |")
     write_section(f"step_limit_{r['capability'].lower()}", "\n".join(lines))  # one section per CPU kind
     (ROOT / "benchmarks" / "results" / f"step_limit_{r['capability'].lower()}.json").write_text(json.dumps(r, indent=1))
 

@@ -119,7 +119,11 @@ def serve_cmd(
     connections = connection_cap(limit_concurrency, raise_open_files())
 
     def ready() -> None:
-        typer.echo(f"serving {name} ({engine.stats.method}, {engine.linear_kernel} linears) on {url}", err=True)
+        from dspark_core.modeling import cpu_attention
+
+        attention = cpu_attention.label(engine.target.device, engine.target.dtype)
+        typer.echo(f"serving {name} ({engine.stats.method}, {engine.linear_kernel} linears, {attention}) on {url}",
+                   err=True)
 
     guard = GuardOptions(max_body_bytes=int(max_body_mb * (1 << 20)), body_timeout_s=timeout_header,
                          api_key=api_key, open_paths=frozenset(f"/{e}" for e in opened), loopback_only=loopback)

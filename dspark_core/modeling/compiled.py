@@ -1,16 +1,19 @@
-"""The decode / verify step through `torch.compile` (gpt-fast's recipe): one graph per shape bucket.
+"""The decode / verify step through `torch.compile` (gpt-fast's recipe): a few graphs, with dynamic sizes.
 
 Eager PyTorch walks ~15 ops per layer from Python each step; compiled, a step is one inductor graph (C++/OpenMP
 on a CPU, Triton on a GPU) whose pointwise work (norms, RoPE, SiLU, casts) is fused around the GEMMs.
 
-* Shapes come in buckets so a step never retraces: rows B padded to a power of two (padding repeats the last real
-  row, whose KV writes are then identical to its own), tokens per row T padded to the next of the step sizes the
-  engine runs (1 and its verify length, exactly: padding a 9-token verify to 16 costs 16 rows of GEMM; shorter
-  drafts verify in that graph too) or else a power of two up to 16 (padding writes past a row's length,
-  which the next real tokens overwrite before anyone reads them, as in the eager model). The keys read per
-  slot, Lk (the longest row's length after the step), is dynamic: one graph serves every context length, so a
-  growing context never compiles mid-serving (attention masks past each row's position). So is the cache's slot
-  count, for engines that share the step with caches of their own (`_adopt`).
+* A step never retraces. Tokens per row T are padded to the next of the step sizes the engine runs (1 and its
+  verify length, exactly: padding a 9-token verify to 16 costs 16 rows of GEMM; shorter drafts verify in that
+  size too) or else a power of two up to 16 (padding writes past a row's length, which the next real tokens
+  overwrite before anyone reads them, as in the eager model). On a CPU the rows B and the padded T, past one, are
+  dynamic sizes: one graph for one row or several, one token or several, each read as a view or gathered (six in
+  all, where buckets of B and T made 28 at 8 requests and four step sizes: a speculative engine starts 1.9x
+  faster on a cold disk cache, RESULTS.md). Under CUDA graphs, which bake in their sizes, B pads to a power of two
+  (padding repeats the last real row, whose KV writes are then identical to its own) and each (B, T) is a graph.
+  The keys read per slot, Lk (the longest row's length after the step), is dynamic: one graph serves every context
+  length, so a growing context never compiles mid-serving (attention masks past each row's position). So is the
+  cache's slot count, for engines that share the step with caches of their own (`_adopt`).
   The KV cache is addressed by tensors (slots, positions), never by Python ints.
 * Rows in consecutive slots read a view of their slots' cache; other batches gather their slots (a copy).
 * A verify step (T > 1) on a CPU runs packed: only its N real tokens (a dynamic size, like Lk) go through the
@@ -30,6 +33,8 @@ on a CPU, Triton on a GPU) whose pointwise work (norms, RoPE, SiLU, casts) is fu
   H200). A graph bakes in its sizes and addresses, so the key span is padded to a power of two >= `SPAN_FLOOR`
   (masked like any key past a row's position), and a graph reading consecutive slots is keyed by its first slot.
   Graphs share one memory pool and write into output buffers shared per shape; the step returns copies.
+* Attention over the cache in bf16 on an AVX512-BF16 CPU is our own kernel (modeling/cpu_attention.py, an opaque
+  op in the graph), loaded before the first trace.
 * The eager model is the reference: in fp32 a compiled step's greedy tokens equal eager's (tested).
 """
 
@@ -42,10 +47,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from dspark_core.modeling import cpu_attention
 from dspark_core.modeling.compiled_mixed import mixed_core, mixed_fits, mixed_inputs
 from dspark_core.modeling.compiled_prefill import prefill_core, prefill_fits, prefill_inputs
 from dspark_core.modeling.model import ForwardOut, KVCache, LeanModel, Packing, apply_rope, attend
 
+ROWS, TOKENS = "B", "T"  # a CPU graph's key for any row count past one, any verify length (dynamic sizes)
 MAX_T = 17  # tokens per row a compiled step takes: the longest verify, a 16-token block + its anchor
 SPAN_FLOOR = 256  # a CUDA graph's key span: the next power of two >= max(Lk, this), capped by the cache
 
@@ -68,6 +75,7 @@ def _core(model: LeanModel, tokens: torch.Tensor, pos: torch.Tensor, slots: torc
     b, t = tokens.shape
     lk = span.shape[0]
     mask = (span[None, None, :] <= pos[:, :, None])[:, None]  # [B, 1, T, Lk]
+    lens = pos + 1  # [B, T] the same mask as prefix lengths (modeling/cpu_attention.py)
     rows = slots[:, None].expand(b, t)
     if packed is not None:  # the real tokens only: [N]
         tokens, pos, rows = tokens.reshape(-1)[packed], pos.reshape(-1)[packed], rows.reshape(-1)[packed]
@@ -91,7 +99,7 @@ def _core(model: LeanModel, tokens: torch.Tensor, pos: torch.Tensor, slots: torc
         vals = (vs[i][:, :lk] if view else vs[i][slots, :lk]).to(q.dtype).transpose(1, 2)
         if packed is not None:  # packed queries -> the [B, T] grid (zeros at the padding, whose outputs are dropped)
             q = q.new_zeros(b * t, layer.nh, layer.hd).index_copy(0, packed, q).view(b, t, layer.nh, layer.hd)
-        attn = attend(q.transpose(1, 2), keys, vals, mask).transpose(1, 2)  # [B, T, nh, hd]
+        attn = attend(q.transpose(1, 2), keys, vals, mask, lens).transpose(1, 2)  # [B, T, nh, hd]
         attn = attn.reshape(b * t, -1)[packed] if packed is not None else attn.reshape(b, t, -1)
         x = x + layer.o(attn)
         gate, up = layer.gate_up(layer.post_norm(x)).chunk(2, dim=-1)
@@ -113,6 +121,15 @@ def freeze_heap() -> None:
 
     gc.collect()
     gc.freeze()
+
+
+def _dynamic(tensors: list[torch.Tensor], rows: bool, tokens: bool) -> None:
+    """Mark the row dimension (0) and, for a [B, T] tensor, the token dimension (1) as dynamic sizes."""
+    for x in tensors:
+        if rows:
+            torch._dynamo.mark_dynamic(x, 0)
+        if tokens and x.dim() == 2 and x.dtype == torch.long:
+            torch._dynamo.mark_dynamic(x, 1)
 
 
 def _span(lk: int, device: torch.device) -> torch.Tensor:
@@ -173,6 +190,8 @@ class CompiledStep:
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
         torch._dynamo.config.automatic_dynamic_shapes = False  # static buckets; only the marked sizes are dynamic
         torch.fx.experimental._config.use_duck_shape = False  # the key span and a packed step's N are two sizes
+        if self.model.device.type == "cpu" and self.model.dtype == torch.bfloat16:
+            cpu_attention.load()  # before tracing: a graph traced without the kernel keeps SDPA
         self.fn = torch.compile(_core, dynamic=None)
         self.prefill_fn = torch.compile(prefill_core, dynamic=None)
         self.mixed_fn = torch.compile(mixed_core, dynamic=None)
@@ -298,9 +317,16 @@ class CompiledStep:
                 torch._dynamo.mark_dynamic(t, 0)
 
     def _key(self, t: int, cache: KVCache, slots: list[int], hidden_layers: tuple[int, ...]) -> tuple:
-        b = len(slots)
-        view = slots == list(range(slots[0], slots[0] + b)) and bucket(b) == b
-        return bucket(b), self.t_bucket(t), hidden_layers, view
+        """The graph a step runs: (rows, tokens per row, hidden layers, view). Under CUDA graphs rows pad to a power
+        of two and tokens to the step size, each a graph of its own; on a CPU rows and tokens past one are dynamic
+        sizes (`ROWS`, `TOKENS`), one graph each: six graphs where buckets made 28 at 8 requests and 4 step sizes,
+        each 30-85 s to compile cold for SmolLM2's 30 layers on two cores, nearly all of it inductor's Python
+        (RESULTS.md, "The compiled engine's start on a cold disk cache")."""
+        b, tb = len(slots), self.t_bucket(t)
+        view = slots == list(range(slots[0], slots[0] + b))
+        if self.use_graphs:
+            return bucket(b), tb, hidden_layers, view and bucket(b) == b
+        return (1 if b == 1 else ROWS), (1 if tb == 1 else TOKENS), hidden_layers, view
 
     def warm(self, cache: KVCache, max_rows: int, hidden_layers: tuple[int, ...] = (),
              sizes: tuple[int, ...] | None = None) -> str:
@@ -313,29 +339,36 @@ class CompiledStep:
         engines share this step (bench, a tuner's trials): its steps of up to max(sizes) tokens a row pad to the
         shared sizes, so those are what it meets (a plain engine only 1); default all. What compiling left alive is
         then frozen out of the collector's sight (`freeze_heap`)."""
-        t0, done = time.perf_counter(), []
+        t0, done, before_keys = time.perf_counter(), [], set(self.seen)
+
+        def note(key: tuple, label: str) -> None:  # a graph this warm-up compiled (or loaded from disk)
+            if key in self.seen and key not in before_keys and label not in done:
+                done.append(label)
+
         batches = []  # slots in order (a view), then out of order (gathered: after requests finish)
         for b in (r for r in (1 << i for i in range(max_rows.bit_length())) if r <= max_rows):
             batches += [list(range(b))] + ([list(range(b))[::-1]] if b > 1 else [])
-        if bucket(max_rows) > max_rows:  # a full batch of a non-power-of-two width pads to the next bucket
-            batches.append(list(range(max_rows)))
+        if max_rows not in (len(x) for x in batches):  # a full batch of a non-power-of-two width (under CUDA
+            batches.append(list(range(max_rows)))  # graphs it pads to the next bucket, a graph of its own)
         meets = self.sizes if sizes is None else sorted({self.t_bucket(t) for t in range(1, max(sizes) + 1)})
         for t in meets:
-            for slots in batches:
+            for slots in batches:  # every size and batch runs once (no graph compiles mid-serving), however few graphs
                 if not self.takes(t, cache, slots, hidden_layers):
                     continue
                 b, before = len(slots), [int(n) for n in cache.lens[slots]]
                 self(torch.zeros(b, t, dtype=torch.long), cache, slots, [t] * b, hidden_layers)
                 for s, n in zip(slots, before, strict=True):
                     cache.truncate(s, n)
-                pad = f" (as {bucket(b)})" if bucket(b) > b else ""
-                done.append(f"{b}x{t}" + ("" if slots[0] == 0 else " gathered") + pad)
+                key = self._key(t, cache, slots, hidden_layers)
+                pad = f" (as {bucket(b)})" if self.use_graphs and bucket(b) > b else ""
+                note(key, f"{key[0] if key[0] == ROWS else b}x{key[1] if key[1] == TOKENS else t}"
+                          + ("" if key[3] or b == 1 else " gathered") + pad)
         for b in sorted({1, max_rows}):  # the prefill: one admitted request, and several (one graph for 2 and up)
             slots, before, prompts = list(range(b)), cache.lens.clone(), torch.zeros(b, 8, dtype=torch.long)
             cache.lens[slots] = 0  # a prefill starts its slots afresh (no request is live while warming)
             if self.takes_prefill(prompts, cache, slots, [8] * b, hidden_layers):
                 self.prefill(prompts, cache, slots, [8] * b, hidden_layers)
-                done.append(f"prefill {b} row{'s' if b > 1 else ''}")
+                note(self._prefill_key(slots, hidden_layers), f"prefill {b} row{'s' if b > 1 else ''}")
             cache.lens.copy_(before)
         if max_rows >= 2:  # a verify step prefilling an admitted request (one graph for every mix)
             before = cache.lens.clone()
@@ -343,13 +376,15 @@ class CompiledStep:
             if self.takes_mixed(cache, [0], [1], [8], hidden_layers):
                 self.mixed(torch.zeros(1, 3, dtype=torch.long), cache, [0], [3], torch.zeros(1, 8, dtype=torch.long),
                            [1], [8], hidden_layers)
-                done.append("verify + prefill")
+                note(("mixed", hidden_layers), "verify + prefill")
             cache.lens.copy_(before)
         freeze_heap()
         took = time.perf_counter() - t0
         skipped = f"; budget {self.budget_s:g} s spent, {self.refused} shapes left eager" if self.refused else ""
         hidden = f", with the hidden states of layers {list(hidden_layers)}" if hidden_layers else ""
-        return (f"compiled {len(done)} step shapes (rows x tokens: {', '.join(done) or 'none'}{hidden}) in {took:.1f} s"
+        legend = f"; {ROWS}, {TOKENS}: any count past one" if not self.use_graphs else ""
+        return (f"compiled {len(done)} step graphs (rows x tokens{legend}: {', '.join(done) or 'none new'}{hidden}) "
+                f"in {took:.1f} s"
                 f"{skipped}")
 
     @torch.inference_mode()
@@ -359,12 +394,12 @@ class CompiledStep:
         any step under CUDA graphs) runs dense: [B, T, ...] outputs whose rows past n_new hold padding. A verify
         step on a CPU runs packed (`_core`'s `packed`, N = sum(n_new) a dynamic size): a 9-token verify whose rows
         verify 3, 1, .. tokens costs the GEMMs of those tokens, not of B x 9 (vLLM and SGLang flatten a batch's tokens
-        the same way), rows padding the batch to a power of two cost nothing but attention, and the outputs stay
-        packed (ForwardOut.pack), as the eager model's ragged ones."""
+        the same way), and the outputs stay packed (ForwardOut.pack), as the eager model's ragged ones."""
         b, t = tokens.shape
         self._adopt(cache)
         key = self._key(t, cache, slots, hidden_layers)
-        bb, tb, _, view = key
+        view = key[3]
+        bb, tb = (bucket(b) if self.use_graphs else b), self.t_bucket(t)  # padded rows only under CUDA graphs
         starts = cache.lens[slots]  # [B]
         lk = max(int(starts.max()) + tb, 2)  # keys read per slot; >= 2: a dynamic size is never 0/1
         dev = self.model.device
@@ -379,6 +414,8 @@ class CompiledStep:
         if view:  # the rows' own slots, in order: no gather
             ks, vs = [k[slots[0]: slots[0] + b] for k in ks], [v[slots[0]: slots[0] + b] for v in vs]
             idx = torch.arange(bb)
+        if not self.use_graphs:  # one graph for every row count past one, and for every verify length
+            _dynamic([tok, pos, idx, *(ks if view else []), *(vs if view else [])], rows=bb > 1, tokens=tb > 1)
         t0 = time.perf_counter()
         args = (tok.to(dev), pos.to(dev), idx.to(dev))
         logits = hidden = packed = None

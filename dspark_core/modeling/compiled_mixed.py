@@ -49,7 +49,8 @@ def mixed_core(model: LeanModel, vtok: torch.Tensor, vpos: torch.Tensor, vslots:
         q, k, v = packed_qkv(layer, x, cos, sin, ks[i], vs[i], rows, pos)
         keys = ks[i][vslots, : span.shape[0]].to(q.dtype).transpose(1, 2)  # [Bv, nkv, Lk, hd]
         vals = vs[i][vslots, : span.shape[0]].to(q.dtype).transpose(1, 2)
-        av = attend(on_grid(q[:nv], vpacked, bv, tv), keys, vals, mask).transpose(1, 2).reshape(bv * tv, nh * hd)
+        av = attend(on_grid(q[:nv], vpacked, bv, tv), keys, vals, mask, vpos + 1)  # [Bv, nh, Tv, hd]
+        av = av.transpose(1, 2).reshape(bv * tv, nh * hd)
         av = av[vpacked]  # [Nv, nh * hd]
         x = x + layer.o(torch.cat([av, causal_own(q[nv:], k[nv:], v[nv:], ppacked, bp, tp)]))
         x = x + mlp(layer, x)

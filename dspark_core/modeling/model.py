@@ -28,6 +28,7 @@ from torch import nn
 from dspark_core.kernels.rmsnorm import rmsnorm as rmsnorm_kernel
 from dspark_core.kernels.spec import use_triton
 from dspark_core.kernels.swiglu import swiglu as swiglu_kernel
+from dspark_core.modeling import cpu_attention
 from dspark_core.modeling.arch import ArchConfig
 from dspark_core.modeling.argmax import top1
 
@@ -75,12 +76,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-def attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor | None,
+           lens: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, nh, T, hd] over keys / vals [B, nkv, Lk, hd], mask [B, 1, T, Lk] (True = attend) or None -> [B, nh, T, hd].
+    `lens` [B, T]: the mask is a prefix, query (b, t) attending its row's first lens[b, t] keys (a decode / verify
+    step over the cache); in bf16 on an AVX512-BF16 CPU our kernel runs it (modeling/cpu_attention.py).
 
     Grouped-query attention by folding each KV head's g = nh / nkv query heads into the query length ([B, nkv,
     g * T, hd], query head h = kv head h // g, as `enable_gqa` maps them): SDPA's CPU kernel with `enable_gqa` costs
     7x this in bf16 at 8 requests x 1 token and 5x at one (0.26 vs 0.05 ms a layer, SmolLM2-135M; issue 41)."""
+    if lens is not None and cpu_attention.takes(q, keys):
+        return torch.ops.dspark.cpu_attention(q, keys, vals, lens)
     b, nh, t, hd = q.shape
     g = nh // keys.shape[1]
     if g == 1:
@@ -163,6 +169,7 @@ class DecoderLayer(nn.Module):
         read: tuple[torch.Tensor | int | tuple[int, int], int] | None,  # (slots [B] / one slot / range, Lk)
         mask: torch.Tensor | None,  # [B, 1, T, Lk] bool (True = attend) or None = causal over T
         pack: Packing | None = None,  # where the packed tokens sit in the padded [B, T] grid
+        lens: torch.Tensor | None = None,  # [B, T] keys each query attends (the mask as prefix lengths)
     ) -> torch.Tensor:
         lead = x.shape[:-1]  # (B, T) or (N,)
         h = self.input_norm(x)
@@ -188,7 +195,7 @@ class DecoderLayer(nn.Module):
             if pack is not None:  # packed queries -> padded [B, T, nh, hd] (pad rows are zeros, discarded)
                 q = q.new_zeros(pack.b * pack.t, self.nh, self.hd).index_copy_(0, pack.index, q)
                 q = q.view(pack.b, pack.t, self.nh, self.hd)
-            attn = attend(q.transpose(1, 2), keys, vals, mask)
+            attn = attend(q.transpose(1, 2), keys, vals, mask, lens)
         else:
             attn = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
@@ -342,8 +349,9 @@ class LeanModel(nn.Module):
             cos, sin = (c[0] for c in self._rope(pos_d.reshape(-1)[pack.index][None]))  # [N, 1, hd]
             x = self.embed(tokens.reshape(-1).to(dev)[pack.index])  # [N, H]
         caught: dict[int, torch.Tensor] = {}
+        lens = pos_d + 1  # [B, T] keys each query attends
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, (cache.k[i], cache.v[i]), write, read, mask, pack)
+            x = layer(x, cos, sin, (cache.k[i], cache.v[i]), write, read, mask, pack, lens)
             self._collect(x, i, hidden_layers, caught)
         for r, s in enumerate(slots):
             cache.lens[s] = int(starts[r]) + n_new[r]

@@ -10,7 +10,7 @@ import torch
 
 from dspark_core.config import ASSETS
 from dspark_core.modeling.checkpoint import load_model
-from dspark_core.modeling.compiled import MAX_T, CompiledStep, bucket
+from dspark_core.modeling.compiled import MAX_T, ROWS, TOKENS, CompiledStep, bucket
 
 pytestmark = pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")),
                                 reason="torch.compile on a CPU needs a C++ compiler")
@@ -30,7 +30,7 @@ def test_a_ragged_verify_step_equals_eager_and_pads_nothing_into_other_slots():
     for cache in (eager, comp):
         model(prompts, cache, [0, 1, 2, 3])
         cache.truncate(1, 17)  # slots at different lengths
-    step = torch.randint(0, v, (3, 3))  # 3 rows (padded to 4), 3 tokens (padded to 4), ragged n_new
+    step = torch.randint(0, v, (3, 3))  # 3 rows, 3 tokens (padded to 4: no engine size given), ragged n_new
     slots, n_new = [2, 0, 1], [3, 1, 2]
     want = model(step, eager, slots, n_new)
     compiled = CompiledStep(model)
@@ -40,7 +40,7 @@ def test_a_ragged_verify_step_equals_eager_and_pads_nothing_into_other_slots():
         got = model(step, comp, slots, n_new)
     finally:
         model.compiled = None
-    assert list(compiled.seen) == [(4, 4, (), False)]  # one bucket: rows, tokens (keys are dynamic)
+    assert list(compiled.seen) == [(ROWS, TOKENS, (), False)]  # one graph: rows, tokens and keys are dynamic
     for r, n in enumerate(n_new):
         assert torch.allclose(got.row_logits(r)[:n], want.row_logits(r)[:n], atol=1e-4, rtol=1e-4)
         assert torch.equal(got.row_logits(r)[:n].argmax(-1), want.row_logits(r)[:n].argmax(-1))
@@ -101,7 +101,7 @@ def test_packed_weights_in_consecutive_slots_equal_eager_nn_linear():
         got = model(step, comp, [1, 2])
     finally:
         model.compiled = None
-    assert list(compiled.seen) == [(2, 3, (), True)]  # exact size 3, slots 1-2 read as a view
+    assert list(compiled.seen) == [(ROWS, TOKENS, (), True)]  # slots 1-2 read as a view
     assert torch.allclose(got.logits, want.logits, atol=1e-4, rtol=1e-4)
     assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
     for layer in range(model.arch.num_hidden_layers):
@@ -109,13 +109,15 @@ def test_packed_weights_in_consecutive_slots_equal_eager_nn_linear():
         assert not comp.k[layer][0].any()  # slot 0 untouched
 
 
-def test_warm_compiles_each_row_bucket_once_and_longer_contexts_reuse_the_graph():
+def test_warm_compiles_each_graph_once_and_longer_contexts_reuse_it():
     model = load_model(ASSETS / "target", "cpu", "fp32")
     cache = model.new_cache(2, 64)
     compiled = CompiledStep(model)
     line = compiled.warm(cache, 2)
-    assert line.startswith("compiled 6 step shapes (rows x tokens: 1x1, 2x1, 2x1 gathered, prefill 1 row, "
-                           "prefill 2 rows, verify + prefill)")
+    assert line.startswith("compiled 6 step graphs (rows x tokens; B, T: any count past one: 1x1, Bx1, Bx1 gathered, "
+                           "prefill 1 row, prefill 2 rows, verify + prefill)")
+    assert compiled.warm(cache, 2).startswith("compiled 0 step graphs (rows x tokens; B, T: any count past one: "
+                                              "none new)")
     assert cache.lens.tolist() == [0, 0]
     model(torch.randint(0, model.arch.vocab_size, (1, 30)), cache, [0])  # a long prompt (eager prefill)
     model.compiled = compiled
@@ -129,14 +131,15 @@ def test_warm_compiles_each_row_bucket_once_and_longer_contexts_reuse_the_graph(
 
 def test_warm_compiles_the_sizes_and_batches_an_engine_meets_on_a_shared_step():
     """Engines sharing a target (bench, a tuner's trials) share one step with the union of their sizes: a plain
-    engine's warm compiles its 1-token graphs, not the verify sizes only the speculative engines run. Three slots:
-    a full batch pads to four rows, a graph of its own, warmed too (a fidelity run once compiled it mid-run)."""
+    engine's warm compiles its 1-token graphs, not the verify ones only the speculative engines run. Three slots:
+    a full batch of three rows runs too (once a graph of its own, padded to four rows, that a fidelity run compiled
+    mid-run); it is the rows graph, and then no step of any row count compiles again."""
     model = load_model(ASSETS / "target", "cpu", "fp32")
     cache = model.new_cache(3, 64)
     compiled = CompiledStep(model, sizes=(1, 3, 9))
     line = compiled.warm(cache, 3, sizes=(1,))
-    assert line.startswith("compiled 7 step shapes (rows x tokens: 1x1, 2x1, 2x1 gathered, 3x1 (as 4), prefill 1 row, "
-                           "prefill 3 rows, verify + prefill)")
+    assert line.startswith("compiled 6 step graphs (rows x tokens; B, T: any count past one: 1x1, Bx1, Bx1 gathered, "
+                           "prefill 1 row, prefill 3 rows, verify + prefill)")
     assert sorted({k[1] for k in compiled.seen if k[0] not in ("prefill", "mixed")}) == [1]
     model(torch.randint(0, model.arch.vocab_size, (3, 5)), cache, [0, 1, 2])  # three requests decoding
     model.compiled = compiled
@@ -153,8 +156,8 @@ def test_warm_compiles_the_graph_that_returns_the_drafters_hidden_states():
     model = load_model(ASSETS / "target", "cpu", "fp32")
     cache = model.new_cache(1, 64)
     compiled = CompiledStep(model)
-    assert compiled.warm(cache, 1, (0,)).startswith("compiled 2 step shapes (rows x tokens: 1x1, prefill 1 row, "
-                                                   "with the hidden states of layers [0])")
+    assert compiled.warm(cache, 1, (0,)).startswith("compiled 2 step graphs (rows x tokens; B, T: any count past one: "
+                                                   "1x1, prefill 1 row, with the hidden states of layers [0])")
     model(torch.randint(0, model.arch.vocab_size, (1, 5)), cache, [0])
     model.compiled = compiled
     try:
