@@ -98,6 +98,7 @@ def test_isolate_measures_the_best_alone_and_beside_busy_neighbours(state, tmp_p
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout)
     iso = summary["isolation"]
+    assert "skipped" not in iso, iso["skipped"]  # the check's own reason, when it could not run
     assert iso["trial"] == summary["trial"] and iso["neighbours"] == 2  # every other group of 0-2 busy
     assert len(iso["alone"]) == len(iso["beside"]) == 2 and min(iso["alone"] + iso["beside"]) > 0
     assert abs(iso["ratio"] - (sum(iso["beside"]) / sum(iso["alone"]))) < 1e-3
