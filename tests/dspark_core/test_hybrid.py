@@ -81,11 +81,26 @@ def test_hybrid_sampled_output_follows_the_target() -> None:
     assert gen.stats.verified > 0 and gen.stats.accepted < gen.stats.verified
 
 
-class _SlowModel(Drafter):
-    """A model drafter whose forward takes `cost_s` and whose drafts the test accepts or rejects."""
+class _Clock:
+    """The hybrid's clock in the timing tests (`hybrid.time`): the forwards and steps advance it by their cost, so
+    the test does not depend on how busy the machine is (a loaded CI core once stretched real sleeps enough to flip
+    a decision)."""
 
-    def __init__(self, cost_s: float) -> None:
-        self.cost_s, self.calls = cost_s, 0
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def perf_counter(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+class _SlowModel(Drafter):
+    """A model drafter whose forward takes `cost_s` on `clock` and whose drafts the test accepts or rejects."""
+
+    def __init__(self, cost_s: float, clock: _Clock | None = None) -> None:
+        self.cost_s, self.calls, self.clock = cost_s, 0, clock
 
     def reset(self, slot: int, prompt: list[int], hidden: torch.Tensor | None) -> None:
         return None
@@ -93,7 +108,7 @@ class _SlowModel(Drafter):
     def propose(self, requests: list[DraftRequest]) -> Proposal:
         if any(r.gamma > 0 for r in requests):
             self.calls += 1
-            time.sleep(self.cost_s)
+            (self.clock or time).sleep(self.cost_s)
         g = max(r.gamma for r in requests)
         return Proposal(torch.zeros(len(requests), g, dtype=torch.long), [r.gamma for r in requests],
                         confidence=torch.full((len(requests), g), 0.9))
@@ -102,7 +117,7 @@ class _SlowModel(Drafter):
         return None
 
 
-def _late_calls(model: _SlowModel, accepted: int, step_s: tuple[float, float]) -> int:
+def _late_calls(model: _SlowModel, accepted: int, step_s: tuple[float, float], clock: _Clock) -> int:
     """80 rounds of one request whose text never repeats (suffix finds no match), each drafted round's first
     `accepted` tokens accepted, the target's step sleeping step_s[0] without drafts and step_s[1] with them: the
     model's calls in the last 40 rounds."""
@@ -112,7 +127,7 @@ def _late_calls(model: _SlowModel, accepted: int, step_s: tuple[float, float]) -
     for i in range(80):
         req = DraftRequest(slot=0, tokens=tokens, gamma=4, sampling=SamplingParams(), prompt_len=4)
         p = hybrid.propose([req])
-        time.sleep(step_s[1] if p.num[0] else step_s[0])  # the target's step
+        clock.sleep(step_s[1] if p.num[0] else step_s[0])  # the target's step
         new = list(range(100 + 10 * i, 101 + 10 * i + min(accepted, p.num[0])))
         tokens = tokens + new
         hybrid.update([RoundResult(slot=0, proposed=p.num[0], verified=p.num[0], accepted=min(accepted, p.num[0]),
@@ -123,19 +138,29 @@ def _late_calls(model: _SlowModel, accepted: int, step_s: tuple[float, float]) -
 
 
 @pytest.mark.parametrize(("accepted", "keeps_calling"), [(0, False), (3, True)])
-def test_the_model_drafts_only_while_it_pays_for_its_forward(accepted: int, keeps_calling: bool) -> None:
+def test_the_model_drafts_only_while_it_pays_for_its_forward(accepted: int, keeps_calling: bool,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A model whose drafts are all rejected and whose forward costs about a round is soon left out, one whose drafts
     hold is kept (kept: all but at most one timed one-token round; left out: at most one probe, every 64 rounds)."""
-    late = _late_calls(_SlowModel(0.004), accepted, (0.004, 0.004))
+    from dspark_core.drafters import hybrid as hy
+
+    clock = _Clock()
+    monkeypatch.setattr(hy, "time", clock)
+    late = _late_calls(_SlowModel(0.004, clock), accepted, (0.004, 0.004), clock)
     assert (late >= 39) if keeps_calling else (late <= 1), late
 
 
 @pytest.mark.parametrize(("accepted", "keeps_calling"), [(1, False), (4, True)])
-def test_the_model_pays_for_the_block_step_it_causes(accepted: int, keeps_calling: bool) -> None:
+def test_the_model_pays_for_the_block_step_it_causes(accepted: int, keeps_calling: bool,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Where suffix drafts nothing, DSpark's draft turns a one-token round into a block round: a cheap forward whose
     one accepted token does not pay for a block step three times as slow is left out (2 x 3 ms against 10 ms);
     four accepted tokens do pay (5 x 3 ms against 10 ms)."""
-    late = _late_calls(_SlowModel(0.001), accepted, (0.003, 0.009))
+    from dspark_core.drafters import hybrid as hy
+
+    clock = _Clock()
+    monkeypatch.setattr(hy, "time", clock)
+    late = _late_calls(_SlowModel(0.001, clock), accepted, (0.003, 0.009), clock)
     assert (late >= 39) if keeps_calling else (late <= 1), late
 
 
