@@ -115,10 +115,12 @@ def use(on: bool) -> bool:
 def takes(q: torch.Tensor, keys: torch.Tensor) -> bool:
     """Whether `cpu_attention` runs this attention: the kernel loaded (eager code loads it on first use), bf16 on a
     CPU, head dims it handles, a step of up to MAX_TOKENS tokens a row."""
+    if not (q.shape[2] <= MAX_TOKENS and q.dtype == torch.bfloat16 and keys.dtype == torch.bfloat16
+            and q.device.type == "cpu" and q.shape[-1] % 32 == 0 and q.shape[-1] <= 256):
+        return False  # never a compiler run for a model the kernel would not serve (fp32, a GPU)
     if not _tried and not torch.compiler.is_compiling():
         load()
-    return (_ready and q.shape[2] <= MAX_TOKENS and q.dtype == torch.bfloat16 and keys.dtype == torch.bfloat16
-            and q.device.type == "cpu" and q.shape[-1] % 32 == 0 and q.shape[-1] <= 256)
+    return _ready
 
 
 @torch.library.custom_op("dspark::cpu_attention", mutates_args=())
