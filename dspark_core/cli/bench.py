@@ -193,6 +193,8 @@ class Row:
     full_s: float = 0.0  # seconds of the decode rounds with every batch slot busy
     full_tokens: int = 0  # tokens those rounds committed
     stats: GenStats | None = None  # stats of the first repeat (tau, acceptance: deterministic under greedy)
+    proposers: dict[str, list[int]] = field(default_factory=dict)  # a hybrid's proposer -> [drafts, proposed,
+    # verified, accepted] over the timed passes
     outputs: list[list[int]] = field(default_factory=list)  # outputs of the first repeat
 
     @property
@@ -274,8 +276,13 @@ def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> l
             drafter = getattr(getattr(m, "engine", None), "drafter", None)
             if drafter is not None:  # every pass replays the same prompts: none may draft from an earlier pass
                 drafter.forget()
+            before = _proposer_counts(drafter)
             outs, stats = m.run(spec.prompts, spec.sampling)
             row = rows[m.name]
+            for who, now in _proposer_counts(drafter).items():
+                was = before.get(who, [0, 0, 0, 0])
+                row.proposers[who] = [a + n - w for a, n, w in zip(row.proposers.get(who, [0] * 4), now, was,
+                                                                   strict=True)]
             row.seconds += stats.seconds
             row.tokens += stats.generated_tokens
             row.decode_s += stats.decode_s
@@ -287,6 +294,12 @@ def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> l
             if progress:
                 progress.update(task, advance=1)
     return [rows[m.name] for m in methods]
+
+
+def _proposer_counts(drafter: Any) -> dict[str, list[int]]:
+    """A combining drafter's running counts per proposer (drafts, proposed, verified, accepted); {} for others."""
+    counts = getattr(drafter, "proposers", None) or {}
+    return {who: [c.drafts, c.proposed, c.verified, c.accepted] for who, c in counts.items()}
 
 
 def report(spec: BenchSpec, rows: list[Row], device: str, target: LeanModel | None = None) -> dict[str, Any]:
@@ -329,6 +342,12 @@ def report(spec: BenchSpec, rows: list[Row], device: str, target: LeanModel | No
             "draft_share": round(st.draft_s / st.decode_s, 4) if speculative and st and st.decode_s else None,
             "generated_tokens": r.tokens,
             "seconds": round(r.seconds, 3),
+            # a hybrid's rounds per proposer over the timed passes: request rounds it drafted, and its tokens'
+            # acceptance (accepted / proposed) and accepted tokens per drafted round
+            **({"proposers": {who: {"drafts": d, "proposed": p, "verified": v, "accepted": a,
+                                    "acceptance": round(a / p, 4) if p else None,
+                                    "accepted_per_draft": round(a / d, 3) if d else None}
+                              for who, (d, p, v, a) in r.proposers.items()}} if r.proposers else {}),
             **extra,
         })
     return {"device": device, "prompts": len(spec.prompts), "max_new_tokens": spec.sampling.max_new_tokens,
@@ -342,4 +361,4 @@ def device_name(target: LeanModel) -> str:
 
     if target.device.type == "cuda":
         return torch.cuda.get_device_name(target.device)
-    return f"cpu ({torch.get_num_threads()} threads)"
+    return f"cpu ({torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads)"

@@ -73,3 +73,26 @@ def test_method_suffixes_set_the_scheduler_and_the_block() -> None:
     for bad, why in (("ngram%0", "DSpark and hybrid"), ("dspark_markov%0/prefix", "token count")):
         with pytest.raises(DSparkError, match=why):
             method_params(bad, cfg)
+
+
+def test_bench_counts_a_hybrids_rounds_per_proposer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The hybrid's JSON row says how many request rounds each proposer drafted over the timed passes (the warm-up
+    left out) and how its tokens fared; the device names the CPU capability its figures were measured on."""
+    import torch
+
+    prompts = write_prompts(tmp_path / "p.jsonl")
+    rc = cli.main(["bench", "--prompts", str(prompts), "--max-new-tokens", "12", "--repeats", "2",
+                   "--methods", "plain,suffix,hybrid_markov", "--block-size", "4", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert torch.backends.cpu.get_cpu_capability() in out["device"]
+    rows = {m["name"]: m for m in out["methods"]}
+    assert "proposers" not in rows["plain"] and "proposers" not in rows["suffix"]
+    counts = rows["hybrid_markov"]["proposers"]
+    assert set(counts) == {"suffix", "dspark"}
+    drafted = sum(c["drafts"] for c in counts.values())
+    assert 0 < drafted <= 2 * 2 * 12  # at most one draft per request round: 2 passes x 2 prompts x 12 tokens
+    for c in counts.values():
+        assert 0 <= c["accepted"] <= c["verified"] <= c["proposed"]
+        if c["proposed"]:
+            assert c["acceptance"] == round(c["accepted"] / c["proposed"], 4)
