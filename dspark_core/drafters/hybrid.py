@@ -209,11 +209,7 @@ class _Timer:
         now = time.perf_counter()
         if self._start is not None:
             took = now - self._start - self._spent
-            mean = self.round_s if self.drafted else self.plain_s
-            if mean is None or took * self.GAP < mean:  # the first, or a mean inflated by a warm-up round
-                mean = took
-            elif took < self.GAP * mean:
-                mean += self.RATE * (took - mean)
+            mean = _fold(self.round_s if self.drafted else self.plain_s, took, self.RATE, self.GAP)
             if self.drafted:
                 self.round_s = mean
             else:
@@ -231,7 +227,7 @@ class _Timer:
         yield
         if runs:
             self._spent = took = time.perf_counter() - t0
-            self.model_s = took if self.model_s is None else self.model_s + self.RATE * (took - self.model_s)
+            self.model_s = _fold(self.model_s, took, self.RATE, self.GAP)
 
     def share(self) -> float:
         """The forward's cost over a round without it (0 until both were timed)."""
@@ -246,6 +242,18 @@ class _Timer:
             return gain > self.share()
         plain = min(self.plain_s, self.round_s)  # a one-token step is never slower than a block step (warm-up is)
         return (1.0 + gain) * plain > self.round_s + self.model_s
+
+
+def _fold(mean: float | None, took: float, rate: float, gap: float) -> float:
+    """A running mean with `took` folded in. The first sample, or one `gap` times faster than the mean (the mean held
+    a warm-up: the forward that compiled the drafter's graphs), replaces it; one `gap` times slower (a compile of a
+    new shape, a stall) is left out. Without that, the compiling first forward (tens of seconds) priced DSpark out
+    of every round until its probes had averaged it away."""
+    if mean is None or took * gap < mean:
+        return took
+    if took < gap * mean:
+        return mean + rate * (took - mean)
+    return mean
 
 
 def _expected(p: Proposal) -> list[float]:

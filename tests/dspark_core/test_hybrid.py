@@ -244,3 +244,33 @@ def test_the_timer_keeps_block_and_one_token_rounds_apart(monkeypatch) -> None:
     assert t.plain_s == pytest.approx(0.010)
     t.plain_s = 1.0  # inflated: a one-token step is priced at most a block step
     assert t.block_pays(0.3) and not t.block_pays(0.2)  # 1.3 x 20 ms against 25 ms
+
+
+def test_the_timer_leaves_a_compiling_forward_out_of_the_drafters_price(monkeypatch) -> None:
+    """The drafter's first forward compiles its graphs (tens of seconds): the next ordinary forward replaces it, so
+    DSpark is priced by what a round costs, not priced out of every round; a later stall (a new shape compiling)
+    is left out of the mean; ordinary forwards move it by RATE."""
+    from dspark_core.drafters import hybrid as hy
+
+    now = [0.0]
+    monkeypatch.setattr(hy.time, "perf_counter", lambda: now[0])
+    t = hy._Timer()
+
+    def forward(seconds: float) -> None:
+        t.round_starts()
+        t.drafted = True
+        with t.model_call(True):
+            now[0] += seconds
+        now[0] += 0.020  # the block step
+
+    forward(30.0)
+    assert t.model_s == pytest.approx(30.0)
+    forward(0.004)
+    assert t.model_s == pytest.approx(0.004)
+    forward(5.0)  # a stall: more than GAP x the mean
+    assert t.model_s == pytest.approx(0.004)
+    forward(0.006)
+    assert t.model_s == pytest.approx(0.004 + hy._Timer.RATE * 0.002)
+    t.round_starts()
+    assert t.round_s == pytest.approx(0.020)  # the forwards' time is never a round's
+    assert t.share() == pytest.approx(t.model_s / 0.020)
