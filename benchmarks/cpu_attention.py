@@ -4,6 +4,9 @@ SmolLM2-135M's attention shape (9 query heads on 3 KV heads of 64), keys and val
 engine's ([slots, positions, kv heads, head dim], strided), every row at `--context` positions: rows 1 and 8, tokens
 1 (decode) and 3, 5, 9 (verify), each through `attend` with SDPA (no prefix lengths) and with our kernel
 (dspark_core/modeling/cpu_attention.py), interleaved in one run; the max error of each against fp32 attention.
+Then ragged verify steps: 8 rows on a 9-token grid verifying RAGGED tokens a row (a packed step's attention runs
+on that grid): our kernel with the padding queries skipped (lens 0, as the compiled step passes them) against the
+same kernel over the whole grid (what the step ran before) and SDPA.
 The whole step's share of it is step_limit.py's `onednn` against `onednn-sdpa`.
 
     python benchmarks/cpu_attention.py [--threads 2] [--context 256] [--json] [--write]
@@ -27,6 +30,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 NH, NKV, HD = 9, 3, 64  # SmolLM2-135M's heads
 ROWS, TOKENS = (1, 8), (1, 3, 5, 9)
+RAGGED = ((5, 1, 2, 1, 1, 1, 1, 1), (9, 1, 4, 2, 1, 3, 1, 2))  # tokens verified per row: 13 and 23 of 8 x 9
 
 
 def timed(fn, repeats: int = 7) -> float:  # median microseconds a call over `repeats` rounds of >= 0.2 s
@@ -80,13 +84,39 @@ def main() -> int:
                 rows.append({"rows": b, "tokens": t, "sdpa_us": round(sd, 1), "ours_us": round(ours, 1),
                              "sdpa_over_ours": round(sd / ours, 2), "max_err": err})
                 print(rows[-1], file=sys.stderr)
+        ragged = [ragged_row(n, a.context, g) for n in RAGGED]
     result = {"capability": cap, "threads": a.threads, "context": a.context,
-              "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
+              "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows, "ragged": ragged}
     if a.json:
         print(json.dumps(result))
     if a.write:
         write(result)
     return 0
+
+
+def ragged_row(n: tuple[int, ...], context: int, g: Any) -> dict[str, Any]:
+    """One ragged step's attention, its rows verifying n[b] tokens on a max(n)-wide grid: ours with the padding
+    skipped, ours over the whole grid, SDPA (which computes the grid under the mask)."""
+    import torch
+
+    from dspark_core.modeling.model import attend
+
+    b, t = len(n), max(n)
+    lk = context + t
+    q = torch.randn(b, t, NH, HD, generator=g).to(torch.bfloat16).transpose(1, 2)
+    kc, vc = (torch.randn(b, lk + 64, NKV, HD, generator=g).to(torch.bfloat16) for _ in range(2))
+    keys, vals = kc[:, :lk].transpose(1, 2), vc[:, :lk].transpose(1, 2)
+    pos = torch.full((b, t), context) + torch.arange(t)
+    mask = (torch.arange(lk)[None, None, :] <= pos[:, :, None])[:, None]
+    live = torch.arange(t)[None, :] < torch.tensor(n)[:, None]  # [B, T]
+    lens = (pos + 1) * live
+    sd = timed(lambda: attend(q, keys, vals, mask))
+    dense = timed(lambda: attend(q, keys, vals, mask, pos + 1))
+    ours = timed(lambda: attend(q, keys, vals, mask, lens))
+    row = {"rows": b, "grid": t, "real": sum(n), "sdpa_us": round(sd, 1), "whole_grid_us": round(dense, 1),
+           "ours_us": round(ours, 1), "whole_grid_over_ours": round(dense / ours, 2)}
+    print(row, file=sys.stderr)
+    return row
 
 
 def write(r: dict[str, Any]) -> None:
@@ -104,6 +134,15 @@ def write(r: dict[str, Any]) -> None:
     for x in r["rows"]:
         lines.append(f"| {x['rows']} | {x['tokens']} | {x['sdpa_us']} | {x['ours_us']} | {x['sdpa_over_ours']} | "
                      f"{x['max_err']['sdpa']} | {x['max_err']['ours']} |")
+    lines += ["", "Ragged verify steps (8 rows on a grid as wide as the longest row's tokens; the compiled step's "
+              "packed verify runs attention on that grid): our kernel skipping the padding queries, the same kernel "
+              "over the whole grid (the step before 2026-12-07 13:30 UTC), SDPA under the mask.", "",
+              "| rows x grid | real tokens | SDPA us | ours, whole grid us | ours, padding skipped us "
+              "| whole / skipped |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for x in r.get("ragged", []):
+        lines.append(f"| {x['rows']} x {x['grid']} | {x['real']} | {x['sdpa_us']} | {x['whole_grid_us']} | "
+                     f"{x['ours_us']} | {x['whole_grid_over_ours']} |")
     write_section(f"cpu_attention_{r['capability'].lower()}", "\n".join(lines))
     (ROOT / "benchmarks" / "results" / f"cpu_attention_{r['capability'].lower()}.json").write_text(
         json.dumps(r, indent=1))

@@ -78,6 +78,9 @@ def _core(model: LeanModel, tokens: torch.Tensor, pos: torch.Tensor, slots: torc
     lens = pos + 1  # [B, T] the same mask as prefix lengths (modeling/cpu_attention.py)
     rows = slots[:, None].expand(b, t)
     if packed is not None:  # the real tokens only: [N]
+        # the grid's padding queries attend nothing: our kernel skips them (a ragged 8 x 9 step of 13 real tokens
+        # otherwise ran 72 queries' attention); SDPA reads `mask` and computes them, their outputs dropped either way
+        lens = lens * torch.zeros(b * t, dtype=lens.dtype, device=lens.device).index_fill(0, packed, 1).view(b, t)
         tokens, pos, rows = tokens.reshape(-1)[packed], pos.reshape(-1)[packed], rows.reshape(-1)[packed]
     lead = tokens.shape  # (B, T) or (N,)
     freqs = pos.float()[..., None] * model.inv_freq  # [*lead, hd/2]

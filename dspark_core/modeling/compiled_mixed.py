@@ -37,6 +37,8 @@ def mixed_core(model: LeanModel, vtok: torch.Tensor, vpos: torch.Tensor, vslots:
     bp, tp = pgrid.shape
     nv = vpacked.shape[0]
     mask = (span[None, None, :] <= vpos[:, :, None])[:, None]  # [Bv, 1, Tv, Lk]
+    vlive = torch.zeros(bv * tv, dtype=vpos.dtype, device=vpos.device).index_fill(0, vpacked, 1).view(bv, tv)
+    vlens = (vpos + 1) * vlive  # the grid's padding queries attend nothing (our kernel skips them: compiled._core)
     vrows = vslots[:, None].expand(bv, tv).reshape(-1)[vpacked]
     tokens = torch.cat([vtok.reshape(-1)[vpacked], ptok])  # [N] = [Nv + Np]
     pos = torch.cat([vpos.reshape(-1)[vpacked], ppos])
@@ -49,7 +51,7 @@ def mixed_core(model: LeanModel, vtok: torch.Tensor, vpos: torch.Tensor, vslots:
         q, k, v = packed_qkv(layer, x, cos, sin, ks[i], vs[i], rows, pos)
         keys = ks[i][vslots, : span.shape[0]].to(q.dtype).transpose(1, 2)  # [Bv, nkv, Lk, hd]
         vals = vs[i][vslots, : span.shape[0]].to(q.dtype).transpose(1, 2)
-        av = attend(on_grid(q[:nv], vpacked, bv, tv), keys, vals, mask, vpos + 1)  # [Bv, nh, Tv, hd]
+        av = attend(on_grid(q[:nv], vpacked, bv, tv), keys, vals, mask, vlens)  # [Bv, nh, Tv, hd]
         av = av.transpose(1, 2).reshape(bv * tv, nh * hd)
         av = av[vpacked]  # [Nv, nh * hd]
         x = x + layer.o(torch.cat([av, causal_own(q[nv:], k[nv:], v[nv:], ppacked, bp, tp)]))

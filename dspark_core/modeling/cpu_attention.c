@@ -1,8 +1,9 @@
 /* Decode / verify attention over a KV cache in bfloat16 on AVX512-BF16 CPUs (dspark_core/modeling/cpu_attention.py).
  *
  * out[b, hq, t] = softmax(q[b, hq, t] . k[b, hq / g, :n]^T * scale) v[b, hq / g, :n], n = lens[b, t]: every query
- * attends a prefix of its row's keys (a decode or verify step over its slot's cache). One task per (row, KV head)
- * takes the g query heads of its group at all T positions (M = g * T query rows):
+ * attends a prefix of its row's keys (a decode or verify step over its slot's cache); n = 0 marks a padding query of
+ * a ragged step (a row verifying fewer tokens than the step's T), skipped, its output 0. One task per (row, KV head)
+ * takes the g query heads of its group at the row's live positions (up to M = g * T query rows):
  *   scores: q . k with `vdpbf16ps` (bf16 pairs into fp32), 16 keys at a time, their 16 sums in one transpose-add;
  *   softmax in fp32, e^x by a degree-6 series (1e-7 relative);
  *   p . v: each value row converted once per group of query rows whose sums stay in registers (6 rows at hd 64).
@@ -77,19 +78,21 @@ static inline __attribute__((always_inline)) void pv_rows(const int64_t rows, co
   }
 }
 
-/* One (row b, KV head h) task: M = G * T query rows over the keys kb / values vb, row m attending n[m] keys. */
+/* One (row b, KV head h) task: the M live query rows live[0..M) (of the group's G * T) over the keys kb / values vb,
+   row live[i] attending n[i] keys; its scores go to row i of s. */
 static inline __attribute__((always_inline)) void one_task(
-    const int64_t D, const uint16_t* q, const uint16_t* kb, const uint16_t* vb, const int64_t* n, int64_t nmax,
-    uint16_t* out, int64_t b, int64_t h, int64_t NH, int64_t G, int64_t T, const int64_t* qs, int64_t ksl, int64_t vsl,
-    float scale, float* s, int64_t sl) {
-  const int64_t M = G * T, DC = D / 16, DP = D / 32;
+    const int64_t D, const uint16_t* q, const uint16_t* kb, const uint16_t* vb, const int64_t* live, const int64_t* n,
+    int64_t M, int64_t nmax, uint16_t* out, int64_t b, int64_t h, int64_t NH, int64_t G, int64_t T, const int64_t* qs,
+    int64_t ksl, int64_t vsl, float scale, float* s, int64_t sl) {
+  const int64_t DC = D / 16, DP = D / 32;
   const int64_t R = 24 / DC < 1 ? 1 : 24 / DC;
-  for (int64_t m = 0; m < M; m++) {
+  for (int64_t i = 0; i < M; i++) {
+    const int64_t m = live[i];
     const uint16_t* qr = q + b * qs[0] + (h * G + m / T) * qs[1] + (m % T) * qs[2];
     __m512bh qv[MAX_D / 32];
     for (int64_t c = 0; c < DP; c++) qv[c] = (__m512bh)_mm512_loadu_si512(qr + 32 * c);
-    float* sm = s + m * sl;
-    const int64_t nn = n[m];
+    float* sm = s + i * sl;
+    const int64_t nn = n[i];
     __m512 mx = _mm512_set1_ps(-INFINITY);
     for (int64_t j0 = 0; j0 < nn; j0 += 16) {
       const int64_t jn = nn - j0 < 16 ? nn - j0 : 16;
@@ -100,16 +103,16 @@ static inline __attribute__((always_inline)) void one_task(
         for (int64_t c = 0; c < DP; c++) d0 = _mm512_dpbf16_ps(d0, qv[c], (__m512bh)_mm512_loadu_si512(kr + 32 * c));
         dot[jj] = d0;
       }
-      const __mmask16 live = (__mmask16)(jn >= 16 ? 0xFFFFu : (1u << jn) - 1u);
-      const __m512 x = _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), _mm512_mul_ps(reduce16(dot), _mm512_set1_ps(scale)));
+      const __mmask16 keep = (__mmask16)(jn >= 16 ? 0xFFFFu : (1u << jn) - 1u);
+      const __m512 x = _mm512_mask_blend_ps(keep, _mm512_set1_ps(-INFINITY), _mm512_mul_ps(reduce16(dot), _mm512_set1_ps(scale)));
       _mm512_store_ps(sm + j0, x);
       mx = _mm512_max_ps(mx, x);
     }
     const __m512 m1 = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
     __m512 sum = _mm512_setzero_ps();
     for (int64_t j0 = 0; j0 < nn; j0 += 16) {  /* keys past nn in the last block: exactly 0 */
-      const __mmask16 live = (__mmask16)(nn - j0 >= 16 ? 0xFFFFu : (1u << (nn - j0)) - 1u);
-      const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(_mm512_load_ps(sm + j0), m1)));
+      const __mmask16 keep = (__mmask16)(nn - j0 >= 16 ? 0xFFFFu : (1u << (nn - j0)) - 1u);
+      const __m512 e = _mm512_maskz_mov_ps(keep, exp16(_mm512_sub_ps(_mm512_load_ps(sm + j0), m1)));
       _mm512_store_ps(sm + j0, e);
       sum = _mm512_add_ps(sum, e);
     }
@@ -125,7 +128,7 @@ static inline __attribute__((always_inline)) void one_task(
     else
       pv_rows(r, D, a, s + m0 * sl, sl, vb, vsl, nmax);
     for (int64_t i = 0; i < r; i++) {
-      const int64_t m = m0 + i;
+      const int64_t m = live[m0 + i];
       uint16_t* orow = out + ((b * NH + h * G + m / T) * T + m % T) * D;
       for (int64_t c = 0; c < DC; c++)
         _mm256_storeu_si256((__m256i*)(orow + 16 * c), (__m256i)_mm512_cvtneps_pbh(a[i * DC + c]));
@@ -137,8 +140,8 @@ int dspark_attention_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* 
                           uint16_t* out, int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t D, int64_t L,
                           const int64_t* qs, const int64_t* ks, const int64_t* vs, float scale, int threads) {
   /* q [B, NH, T, D] strides qs[4]; k, v [B, NKV, L, D] strides ks[4], vs[4] (last stride 1 for all three);
-     lens [B, T] contiguous, each in 1..L; out [B, NH, T, D] contiguous. Returns 0, 1 for a shape it does not take,
-     2 when a thread's buffer could not be allocated. */
+     lens [B, T] contiguous, each in 1..L, or 0 for a padding query (output 0); out [B, NH, T, D] contiguous.
+     Returns 0, 1 for a shape it does not take, 2 when a thread's buffer could not be allocated. */
   if (D % 32 || D > MAX_D || NH % NKV || qs[3] != 1 || ks[3] != 1 || vs[3] != 1) return 1;
   const int64_t G = NH / NKV, M = G * T;
   int failed = 0;
@@ -146,7 +149,7 @@ int dspark_attention_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* 
   {
     const int64_t sl = (L + 15) / 16 * 16;
     float* s = scratch((size_t)(M * sl));
-    int64_t n[M];
+    int64_t n[M], live[M];
     if (!s) {
 #pragma omp atomic write
       failed = 1;
@@ -155,18 +158,25 @@ int dspark_attention_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* 
     for (int64_t task = 0; task < B * NKV; task++) {
       if (failed) continue;
       const int64_t b = task / NKV, h = task % NKV;
-      int64_t nmax = 0;
+      int64_t nmax = 0, ml = 0;
       for (int64_t m = 0; m < M; m++) {
-        int64_t len = lens[b * T + m % T];
-        n[m] = len < 1 ? 1 : (len > L ? L : len);
-        nmax = n[m] > nmax ? n[m] : nmax;
+        const int64_t len = lens[b * T + m % T];
+        if (len < 1) {  /* a padding query: no scores, a zero output (the caller drops it) */
+          memset(out + ((b * NH + h * G + m / T) * T + m % T) * D, 0, (size_t)D * sizeof(uint16_t));
+          continue;
+        }
+        live[ml] = m;
+        n[ml] = len > L ? L : len;
+        nmax = n[ml] > nmax ? n[ml] : nmax;
+        ml++;
       }
       const uint16_t* kb = k + b * ks[0] + h * ks[1];
       const uint16_t* vb = v + b * vs[0] + h * vs[1];
       switch (D) {  /* the common head dims with constant trip counts */
-        case 64: one_task(64, q, kb, vb, n, nmax, out, b, h, NH, G, T, qs, ks[2], vs[2], scale, s, sl); break;
-        case 128: one_task(128, q, kb, vb, n, nmax, out, b, h, NH, G, T, qs, ks[2], vs[2], scale, s, sl); break;
-        default: one_task(D, q, kb, vb, n, nmax, out, b, h, NH, G, T, qs, ks[2], vs[2], scale, s, sl);
+        case 64: one_task(64, q, kb, vb, live, n, ml, nmax, out, b, h, NH, G, T, qs, ks[2], vs[2], scale, s, sl); break;
+        case 128: one_task(128, q, kb, vb, live, n, ml, nmax, out, b, h, NH, G, T, qs, ks[2], vs[2], scale, s, sl);
+          break;
+        default: one_task(D, q, kb, vb, live, n, ml, nmax, out, b, h, NH, G, T, qs, ks[2], vs[2], scale, s, sl);
       }
     }
   }

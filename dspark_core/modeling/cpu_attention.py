@@ -126,7 +126,8 @@ def takes(q: torch.Tensor, keys: torch.Tensor) -> bool:
 @torch.library.custom_op("dspark::cpu_attention", mutates_args=())
 def cpu_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
     """q [B, nh, T, hd] over keys / vals [B, nkv, Lk, hd] (bf16, last dim contiguous), query (b, t) attending its
-    row's first lens[b, t] keys -> [B, nh, T, hd]."""
+    row's first lens[b, t] keys -> [B, nh, T, hd]; lens[b, t] = 0 marks a padding query of a ragged step, skipped
+    (its output 0)."""
     q = q if q.stride(-1) == 1 else q.contiguous()
     keys = keys if keys.stride(-1) == 1 else keys.contiguous()
     vals = vals if vals.stride(-1) == 1 else vals.contiguous()

@@ -3,6 +3,8 @@ precision, where `attend` runs it, and SDPA in its place when it cannot build or
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 
@@ -45,6 +47,20 @@ def test_the_kernel_is_attention_to_bf16_precision(kernel, shape):
     sdpa = attend(q, keys, vals, mask)
     assert got.shape == ref.shape and got.dtype == torch.bfloat16
     assert (got.float() - ref).abs().max() <= 1.5 * (sdpa.float() - ref).abs().max() + 1e-3
+
+
+@pytest.mark.parametrize("hd", [64, 128, 96])
+def test_padding_queries_are_skipped_and_the_live_ones_unchanged(kernel, hd):
+    """A ragged verify step's grid: rows verifying 1 to T tokens, the rest of each row padding (lens 0). The padding
+    outputs are exactly 0 and every live query's output is bit-identical to the same query in a dense call (each
+    query's sums run in the same order, whichever neighbours are live)."""
+    q, keys, vals, mask, lens = _case(4, 9, 3, 9, hd, 120, seed=3)
+    live = torch.arange(9)[None, :] < torch.tensor([[9], [1], [4], [2]])  # [B, T]
+    dense = torch.ops.dspark.cpu_attention(q, keys, vals, lens)
+    ragged = torch.ops.dspark.cpu_attention(q, keys, vals, lens * live)
+    grid = live[:, None, :, None].expand_as(ragged)  # [B, nh, T, hd]
+    assert torch.equal(ragged[grid], dense[grid])
+    assert not ragged[~grid].any()
 
 
 def test_the_serving_line_names_the_attention_each_model_runs(kernel):
@@ -107,3 +123,37 @@ def test_a_compiled_bf16_decode_step_runs_the_kernel_and_equals_eager(kernel):
     assert calls == [2] * model.arch.num_hidden_layers
     assert torch.allclose(got.logits, want.logits, atol=5e-2, rtol=2e-2)  # bf16: a unit in the last place or two
     assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
+
+
+def test_a_compiled_ragged_bf16_verify_skips_the_padding_and_equals_eager(kernel):
+    """A packed verify step whose rows verify 3, 1 and 2 tokens (on a grid of 3 rows x 4: no engine sizes, so the
+    tokens pad to a power of two): the graph hands the kernel every padding query as length 0, and its logits are
+    the eager model's to a bf16 ulp or two."""
+    torch.manual_seed(0)
+    model = load_model(ASSETS / "target", "cpu", "bf16")
+    v = model.arch.vocab_size
+    eager, comp = model.new_cache(3, 64), model.new_cache(3, 64)
+    prompts = torch.randint(0, v, (3, 12))
+    for cache in (eager, comp):
+        model(prompts, cache, [0, 1, 2])
+    step, slots, n_new = torch.randint(0, v, (3, 3)), [2, 0, 1], [3, 1, 2]
+    want = model(step, eager, slots, n_new)
+    padding = []
+    real = cpu_attention._lib.dspark_attention_bf16
+
+    def counted(*a):
+        lens = torch.frombuffer((ctypes.c_int64 * (a[5] * a[8])).from_address(a[3]), dtype=torch.int64)
+        padding.append((a[5] * a[8], int((lens == 0).sum())))  # (grid queries, of them length 0)
+        return real(*a)
+
+    model.compiled = CompiledStep(model)
+    try:
+        cpu_attention._lib.dspark_attention_bf16 = counted
+        got = model(step, comp, slots, n_new)
+    finally:
+        model.compiled = None
+        cpu_attention._lib.dspark_attention_bf16 = real
+    assert padding == [(12, 12 - sum(n_new))] * model.arch.num_hidden_layers
+    for r, n in enumerate(n_new):
+        assert torch.allclose(got.row_logits(r)[:n], want.row_logits(r)[:n], atol=5e-2, rtol=2e-2)
+        assert torch.equal(got.row_logits(r)[:n].argmax(-1), want.row_logits(r)[:n].argmax(-1))
