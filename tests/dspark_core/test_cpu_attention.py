@@ -95,32 +95,43 @@ def test_a_failed_build_or_the_switch_leaves_sdpa_with_the_reason(monkeypatch, t
     assert not cpu_attention.load() and cpu_attention.why == "DSPARK_CPU_ATTENTION=sdpa"
 
 
-def test_a_compiled_bf16_decode_step_runs_the_kernel_and_equals_eager(kernel):
-    """The compiled step's graph calls the kernel (an opaque op) and gives the eager model's logits."""
+def _tokens(b: int, t: int) -> torch.Tensor:
+    return torch.randint(0, 4096, (b, t), generator=torch.Generator().manual_seed(1))
+
+
+def _compiled_against_eager(step: torch.Tensor, n_new: list[int] | None, sizes: tuple[int, ...] | None = None):
+    """The tiny bf16 target's step `step` [B, T] over 12-token prompts in slots 0..B-1, eager and through a compiled
+    step: (eager out, compiled out, one (batch rows, grid queries, of them length 0) per kernel call)."""
     torch.manual_seed(0)
     model = load_model(ASSETS / "target", "cpu", "bf16")
-    v = model.arch.vocab_size
-    eager, comp = model.new_cache(2, 64), model.new_cache(2, 64)
-    prompts = torch.randint(0, v, (2, 12))
-    model(prompts, eager, [0, 1])
-    model(prompts, comp, [0, 1])
-    step = torch.randint(0, v, (2, 1))
-    want = model(step, eager, [0, 1])
+    b = step.shape[0]
+    eager, comp = model.new_cache(b, 64), model.new_cache(b, 64)
+    prompts = torch.randint(0, model.arch.vocab_size, (b, 12))
+    for cache in (eager, comp):
+        model(prompts, cache, list(range(b)))
+    want = model(step, eager, list(range(b)), n_new)
     calls = []
     real = cpu_attention._lib.dspark_attention_bf16
 
-    def counted(*a):
-        calls.append(a[5])  # batch rows
+    def counted(*a):  # a[3]: lens [B, T]; a[5]: B; a[8]: T
+        lens = torch.frombuffer((ctypes.c_int64 * (a[5] * a[8])).from_address(a[3]), dtype=torch.int64)
+        calls.append((a[5], a[5] * a[8], int((lens == 0).sum())))
         return real(*a)
 
-    model.compiled = CompiledStep(model, sizes=(1,))
+    model.compiled = CompiledStep(model, sizes=sizes) if sizes else CompiledStep(model)
     try:
         cpu_attention._lib.dspark_attention_bf16 = counted
-        got = model(step, comp, [0, 1])
+        got = model(step, comp, list(range(b)), n_new)
     finally:
         model.compiled = None
         cpu_attention._lib.dspark_attention_bf16 = real
-    assert calls == [2] * model.arch.num_hidden_layers
+    return want, got, calls, model.arch.num_hidden_layers
+
+
+def test_a_compiled_bf16_decode_step_runs_the_kernel_and_equals_eager(kernel):
+    """The compiled step's graph calls the kernel (an opaque op) and gives the eager model's logits."""
+    want, got, calls, layers = _compiled_against_eager(_tokens(2, 1), None, sizes=(1,))
+    assert calls == [(2, 2, 0)] * layers
     assert torch.allclose(got.logits, want.logits, atol=5e-2, rtol=2e-2)  # bf16: a unit in the last place or two
     assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
 
@@ -129,31 +140,9 @@ def test_a_compiled_ragged_bf16_verify_skips_the_padding_and_equals_eager(kernel
     """A packed verify step whose rows verify 3, 1 and 2 tokens (on a grid of 3 rows x 4: no engine sizes, so the
     tokens pad to a power of two): the graph hands the kernel every padding query as length 0, and its logits are
     the eager model's to a bf16 ulp or two."""
-    torch.manual_seed(0)
-    model = load_model(ASSETS / "target", "cpu", "bf16")
-    v = model.arch.vocab_size
-    eager, comp = model.new_cache(3, 64), model.new_cache(3, 64)
-    prompts = torch.randint(0, v, (3, 12))
-    for cache in (eager, comp):
-        model(prompts, cache, [0, 1, 2])
-    step, slots, n_new = torch.randint(0, v, (3, 3)), [2, 0, 1], [3, 1, 2]
-    want = model(step, eager, slots, n_new)
-    padding = []
-    real = cpu_attention._lib.dspark_attention_bf16
-
-    def counted(*a):
-        lens = torch.frombuffer((ctypes.c_int64 * (a[5] * a[8])).from_address(a[3]), dtype=torch.int64)
-        padding.append((a[5] * a[8], int((lens == 0).sum())))  # (grid queries, of them length 0)
-        return real(*a)
-
-    model.compiled = CompiledStep(model)
-    try:
-        cpu_attention._lib.dspark_attention_bf16 = counted
-        got = model(step, comp, slots, n_new)
-    finally:
-        model.compiled = None
-        cpu_attention._lib.dspark_attention_bf16 = real
-    assert padding == [(12, 12 - sum(n_new))] * model.arch.num_hidden_layers
+    n_new = [3, 1, 2]
+    want, got, calls, layers = _compiled_against_eager(_tokens(3, 3), n_new)
+    assert calls == [(3, 12, 12 - sum(n_new))] * layers
     for r, n in enumerate(n_new):
         assert torch.allclose(got.row_logits(r)[:n], want.row_logits(r)[:n], atol=5e-2, rtol=2e-2)
         assert torch.equal(got.row_logits(r)[:n].argmax(-1), want.row_logits(r)[:n].argmax(-1))
