@@ -80,7 +80,8 @@ def attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.
            lens: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, nh, T, hd] over keys / vals [B, nkv, Lk, hd], mask [B, 1, T, Lk] (True = attend) or None -> [B, nh, T, hd].
     `lens` [B, T]: the mask is a prefix, query (b, t) attending its row's first lens[b, t] keys (a decode / verify
-    step over the cache); in bf16 on an AVX512-BF16 CPU our kernel runs it (modeling/cpu_attention.py).
+    step over the cache; 0 marks a ragged step's padding query, whose output is dropped); in bf16 on an
+    AVX512-BF16 CPU our kernel runs it (modeling/cpu_attention.py).
 
     Grouped-query attention by folding each KV head's g = nh / nkv query heads into the query length ([B, nkv,
     g * T, hd], query head h = kv head h // g, as `enable_gqa` maps them): SDPA's CPU kernel with `enable_gqa` costs
