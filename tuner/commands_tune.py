@@ -162,8 +162,19 @@ def _progress_runner(db_url: str, name: str, trials: int, workers: int, timeout:
 
     from tuner import study as st
 
-    if quiet:
-        return st.run(db_url, name, trials, workers, timeout)
+    if quiet:  # --json: stdout carries the summary; a plain line on stderr per finished trial shows the study moving
+        said = [-1]  # trials done at the last line (the runner also polls while other workers run)
+
+        def line(done: int, study) -> None:
+            if done == said[0]:
+                return
+            said[0] = done
+            best = max((t.values[0] for t in st.feasible_trials(study)), default=None)
+            err_console.print(f"tuning: {min(done, trials)}/{trials} trials, "
+                              + (f"best {best:,.4g}" if best is not None else "no feasible trial yet"),
+                              highlight=False, markup=False)
+
+        return st.run(db_url, name, trials, workers, timeout, on_progress=line)
     with Progress(TextColumn("[bold]tuning[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=err_console, transient=False) as bar:
         task = bar.add_task("", total=trials)

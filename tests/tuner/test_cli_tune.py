@@ -44,6 +44,7 @@ def test_slo_no_configuration_meets_is_one_line_with_the_closest_bundle(capsys, 
     assert last_line(err).startswith("error: no configuration met the SLOs in 3 trials")
     summary = json.loads(stdout)
     assert summary["trials"] == 3 and summary["meets_slo"] is False
+    assert "tuning: 3/3 trials" in err  # --json keeps stdout for the summary, and still says each trial on stderr
     assert (out / "dspark.yaml").is_file() and "ms against 0.5 ms" in (out / "report.md").read_text()
 
 
