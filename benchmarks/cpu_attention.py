@@ -70,12 +70,7 @@ def main() -> int:
     with torch.inference_mode():
         for b in ROWS:
             for t in TOKENS:
-                lk = a.context + t
-                q = torch.randn(b, t, NH, HD, generator=g).to(torch.bfloat16).transpose(1, 2)
-                kc, vc = (torch.randn(b, lk + 64, NKV, HD, generator=g).to(torch.bfloat16) for _ in range(2))
-                keys, vals = kc[:, :lk].transpose(1, 2), vc[:, :lk].transpose(1, 2)
-                pos = torch.full((b, t), a.context) + torch.arange(t)
-                mask = (torch.arange(lk)[None, None, :] <= pos[:, :, None])[:, None]
+                q, keys, vals, pos, mask = layer_inputs(b, t, a.context, g)
                 ref = attend(q.float(), keys.float(), vals.float(), mask)
                 err = {name: round(float((out.float() - ref).abs().max()), 5) for name, out in
                        (("sdpa", attend(q, keys, vals, mask)), ("ours", attend(q, keys, vals, mask, pos + 1)))}
@@ -94,6 +89,21 @@ def main() -> int:
     return 0
 
 
+def layer_inputs(b: int, t: int, context: int, g: Any) -> tuple[Any, ...]:
+    """One layer's step inputs: q [B, nh, T, hd] (a transposed view, as the model passes it), keys and values read
+    from a cache laid out as the engine's ([slots, positions, kv heads, hd], strided), every row at `context`
+    positions; the positions [B, T] and their mask."""
+    import torch
+
+    lk = context + t
+    q = torch.randn(b, t, NH, HD, generator=g).to(torch.bfloat16).transpose(1, 2)
+    kc, vc = (torch.randn(b, lk + 64, NKV, HD, generator=g).to(torch.bfloat16) for _ in range(2))
+    keys, vals = kc[:, :lk].transpose(1, 2), vc[:, :lk].transpose(1, 2)
+    pos = torch.full((b, t), context) + torch.arange(t)
+    mask = (torch.arange(lk)[None, None, :] <= pos[:, :, None])[:, None]
+    return q, keys, vals, pos, mask
+
+
 def ragged_row(n: tuple[int, ...], context: int, g: Any) -> dict[str, Any]:
     """One ragged step's attention, its rows verifying n[b] tokens on a max(n)-wide grid: ours with the padding
     skipped, ours over the whole grid, SDPA (which computes the grid under the mask)."""
@@ -102,12 +112,7 @@ def ragged_row(n: tuple[int, ...], context: int, g: Any) -> dict[str, Any]:
     from dspark_core.modeling.model import attend
 
     b, t = len(n), max(n)
-    lk = context + t
-    q = torch.randn(b, t, NH, HD, generator=g).to(torch.bfloat16).transpose(1, 2)
-    kc, vc = (torch.randn(b, lk + 64, NKV, HD, generator=g).to(torch.bfloat16) for _ in range(2))
-    keys, vals = kc[:, :lk].transpose(1, 2), vc[:, :lk].transpose(1, 2)
-    pos = torch.full((b, t), context) + torch.arange(t)
-    mask = (torch.arange(lk)[None, None, :] <= pos[:, :, None])[:, None]
+    q, keys, vals, pos, mask = layer_inputs(b, t, context, g)
     live = torch.arange(t)[None, :] < torch.tensor(n)[:, None]  # [B, T]
     lens = (pos + 1) * live
     sd = timed(lambda: attend(q, keys, vals, mask))
