@@ -9,6 +9,7 @@ ends at exactly N completed trials.
 from __future__ import annotations
 
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -55,6 +56,9 @@ def tune(url: str, name: str, trials: int, out: Path, **env: str) -> subprocess.
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+PROGRESS = re.compile(r"tuning: \d+/\d+ trials, (best \S+|no feasible trial yet)$")
+
+
 def wait_for(url: str, proc: subprocess.Popen, done: int, running: bool = False, timeout: float = 120) -> Counter:
     """Poll until the study holds `done` completed trials (and one running, if asked)."""
     deadline = time.time() + timeout
@@ -72,7 +76,8 @@ def wait_for(url: str, proc: subprocess.Popen, done: int, running: bool = False,
 
 
 def one_error_line(err: str) -> str:
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    """The fault's one `error:` line; `tune --json`'s per-trial progress lines before it are not errors."""
+    lines = [ln for ln in err.strip().splitlines() if ln.strip() and not PROGRESS.match(ln)]
     assert "Traceback" not in err and "Should not reach" not in err and "UnboundLocalError" not in err, err[-3000:]
     assert len(lines) == 1 and lines[0].startswith("error: "), err[-3000:]
     return lines[0]
