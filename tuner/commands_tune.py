@@ -16,6 +16,7 @@ from kb.cli_common import DbOpt, JsonOpt, RulesOpt, console, err_console, print_
 from kb.commands_profile import ConcurrencyOpt, DrafterOpt, SloTpotOpt, SloTtftOpt
 from tuner.errors import TunerError
 from tuner.live.options import check_live_options, live_deploy, live_spec, live_workers
+from tuner.tune_progress import study_with_progress, with_bar
 
 if TYPE_CHECKING:
     from profiler.workload import Traffic
@@ -157,50 +158,6 @@ def _cost(cost: str, profile) -> str:
     return "aic" if target is not None else "roofline"
 
 
-def _progress_runner(db_url: str, name: str, trials: int, workers: int, timeout: float | None, quiet: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from tuner import study as st
-
-    if quiet:  # --json: stdout carries the summary; a plain line on stderr per finished trial shows the study moving
-        said = [-1]  # trials done at the last line (the runner also polls while other workers run)
-
-        def line(done: int, study) -> None:
-            if done == said[0]:
-                return
-            said[0] = done
-            best = max((t.values[0] for t in st.feasible_trials(study)), default=None)
-            err_console.print(f"tuning: {min(done, trials)}/{trials} trials, "
-                              + (f"best {best:,.4g}" if best is not None else "no feasible trial yet"),
-                              highlight=False, markup=False)
-
-        return st.run(db_url, name, trials, workers, timeout, on_progress=line)
-    with Progress(TextColumn("[bold]tuning[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.description}"), console=err_console, transient=False) as bar:
-        task = bar.add_task("", total=trials)
-
-        def update(done: int, study) -> None:
-            best = max((t.values[0] for t in st.feasible_trials(study)), default=None)
-            bar.update(task, completed=min(done, trials),
-                       description=f"best {best:,.4g}" if best is not None else "no feasible trial yet")
-
-        opt = st.run(db_url, name, trials, workers, timeout, on_progress=update)
-        update(len(st.completed(opt)), opt)
-        return opt
-
-
-def _with_bar(title: str, quiet: bool, run):  # noqa: ANN001, ANN202 - run(on_step) -> its result
-    """`run(on_step)` under a progress bar titled `title` (none with --json); `on_step(done, total)` moves it."""
-    if quiet:
-        return run(None)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn(f"[bold]{title}[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=False) as bar:
-        task = bar.add_task("", total=None)
-        return run(lambda i, n: bar.update(task, completed=i, total=n))
-
-
 def _confirm(study, k: int, quiet: bool) -> None:  # noqa: ANN001 - optuna.Study
     """A live study's finalists measured again (tuner/live/confirm.py), with a progress bar."""
     from tuner import study as st
@@ -209,7 +166,7 @@ def _confirm(study, k: int, quiet: bool) -> None:  # noqa: ANN001 - optuna.Study
     spec = st.StudySpec.model_validate(study.user_attrs[st.SPEC_ATTR])
     if spec.mode != "live" or k <= 0 or spec.objectives[0] != "throughput":
         return
-    _with_bar("confirming the best on fresh servers", quiet, lambda step: confirm(study, spec, k, on_step=step))
+    with_bar("confirming the best on fresh servers", quiet, lambda step: confirm(study, spec, k, on_step=step))
 
 
 def _isolate(study, db_url: str, quiet: bool) -> dict | None:  # noqa: ANN001 - optuna.Study
@@ -218,7 +175,7 @@ def _isolate(study, db_url: str, quiet: bool) -> dict | None:  # noqa: ANN001 - 
     from tuner.live.isolate import isolation
 
     spec = st.StudySpec.model_validate(study.user_attrs[st.SPEC_ATTR])
-    return _with_bar("--isolate: the best alone, then beside busy neighbours", quiet,
+    return with_bar("--isolate: the best alone, then beside busy neighbours", quiet,
                      lambda step: isolation(study, spec, db_url, on_step=step))
 
 
@@ -424,7 +381,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                               "its own group (the finalists are confirmed one at a time, alone on this machine)",
                            highlight=False)
     try:
-        done = _progress_runner(url, study_name, trials, workers, timeout, as_json)
+        done = study_with_progress(url, study_name, trials, workers, timeout, as_json)
         _confirm(done, confirm, as_json)
         isolated = _isolate(done, url, as_json) if isolate else None
     except KeyboardInterrupt:

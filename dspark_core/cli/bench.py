@@ -300,8 +300,9 @@ def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> l
 
 def _proposer_counts(drafter: Any) -> dict[str, list[int]]:
     """A combining drafter's running counts per proposer (drafts, proposed, verified, accepted); {} for others."""
-    counts = getattr(drafter, "proposers", None) or {}
-    return {who: [c.drafts, c.proposed, c.verified, c.accepted] for who, c in counts.items()}
+    from dataclasses import astuple
+
+    return {who: list(astuple(c)) for who, c in (getattr(drafter, "proposers", None) or {}).items()}
 
 
 def report(spec: BenchSpec, rows: list[Row], device: str, target: LeanModel | None = None) -> dict[str, Any]:

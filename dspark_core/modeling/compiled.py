@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from dspark_core.modeling import cpu_attention
 from dspark_core.modeling.compiled_mixed import mixed_core, mixed_fits, mixed_inputs
 from dspark_core.modeling.compiled_prefill import prefill_core, prefill_fits, prefill_inputs
-from dspark_core.modeling.model import ForwardOut, KVCache, LeanModel, Packing, apply_rope, attend
+from dspark_core.modeling.model import ForwardOut, KVCache, LeanModel, Packing, apply_rope, attend, prefix_lens
 
 ROWS, TOKENS = "B", "T"  # a CPU graph's key for any row count past one, any verify length (dynamic sizes)
 MAX_T = 17  # tokens per row a compiled step takes: the longest verify, a 16-token block + its anchor
@@ -75,12 +75,9 @@ def _core(model: LeanModel, tokens: torch.Tensor, pos: torch.Tensor, slots: torc
     b, t = tokens.shape
     lk = span.shape[0]
     mask = (span[None, None, :] <= pos[:, :, None])[:, None]  # [B, 1, T, Lk]
-    lens = pos + 1  # [B, T] the same mask as prefix lengths (modeling/cpu_attention.py)
+    lens = prefix_lens(pos, packed)  # [B, T] the mask as prefix lengths, 0 at a packed grid's padding
     rows = slots[:, None].expand(b, t)
     if packed is not None:  # the real tokens only: [N]
-        # the grid's padding queries attend nothing: our kernel skips them (a ragged 8 x 9 step of 13 real tokens
-        # otherwise ran 72 queries' attention); SDPA reads `mask` and computes them, their outputs dropped either way
-        lens = lens * torch.zeros(b * t, dtype=lens.dtype, device=lens.device).index_fill(0, packed, 1).view(b, t)
         tokens, pos, rows = tokens.reshape(-1)[packed], pos.reshape(-1)[packed], rows.reshape(-1)[packed]
     lead = tokens.shape  # (B, T) or (N,)
     freqs = pos.float()[..., None] * model.inv_freq  # [*lead, hd/2]

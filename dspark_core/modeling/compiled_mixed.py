@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from dspark_core.modeling.compiled_prefill import causal_own, mlp, on_grid, packed_qkv, packed_rope, prefill_inputs
-from dspark_core.modeling.model import KVCache, LeanModel, Packing, attend
+from dspark_core.modeling.model import KVCache, LeanModel, Packing, attend, prefix_lens
 
 
 def mixed_core(model: LeanModel, vtok: torch.Tensor, vpos: torch.Tensor, vslots: torch.Tensor,
@@ -37,8 +37,7 @@ def mixed_core(model: LeanModel, vtok: torch.Tensor, vpos: torch.Tensor, vslots:
     bp, tp = pgrid.shape
     nv = vpacked.shape[0]
     mask = (span[None, None, :] <= vpos[:, :, None])[:, None]  # [Bv, 1, Tv, Lk]
-    vlive = torch.zeros(bv * tv, dtype=vpos.dtype, device=vpos.device).index_fill(0, vpacked, 1).view(bv, tv)
-    vlens = (vpos + 1) * vlive  # the grid's padding queries attend nothing (our kernel skips them: compiled._core)
+    vlens = prefix_lens(vpos, vpacked)  # [Bv, Tv], 0 at the grid's padding queries
     vrows = vslots[:, None].expand(bv, tv).reshape(-1)[vpacked]
     tokens = torch.cat([vtok.reshape(-1)[vpacked], ptok])  # [N] = [Nv + Np]
     pos = torch.cat([vpos.reshape(-1)[vpacked], ppos])

@@ -76,6 +76,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def prefix_lens(pos: torch.Tensor, packed: torch.Tensor | None = None) -> torch.Tensor:
+    """pos [B, T] -> [B, T] the keys each query attends (its position + 1: `attend`'s `lens`). With `packed` ([N]
+    flat grid positions of a ragged step's real tokens) the grid's padding queries get 0, which our kernel skips
+    (an 8-row verify of 13 real tokens on a 9-wide grid otherwise ran 72 queries' attention)."""
+    lens = pos + 1
+    if packed is None:
+        return lens
+    live = torch.zeros(lens.numel(), dtype=lens.dtype, device=lens.device).index_fill(0, packed, 1)
+    return lens * live.view_as(lens)
+
+
 def attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor | None,
            lens: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, nh, T, hd] over keys / vals [B, nkv, Lk, hd], mask [B, 1, T, Lk] (True = attend) or None -> [B, nh, T, hd].
@@ -350,7 +361,7 @@ class LeanModel(nn.Module):
             cos, sin = (c[0] for c in self._rope(pos_d.reshape(-1)[pack.index][None]))  # [N, 1, hd]
             x = self.embed(tokens.reshape(-1).to(dev)[pack.index])  # [N, H]
         caught: dict[int, torch.Tensor] = {}
-        lens = pos_d + 1  # [B, T] keys each query attends
+        lens = prefix_lens(pos_d, pack.index if pack is not None else None)  # [B, T] keys each query attends
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, (cache.k[i], cache.v[i]), write, read, mask, pack, lens)
             self._collect(x, i, hidden_layers, caught)
