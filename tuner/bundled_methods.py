@@ -7,22 +7,33 @@ DSpark is runnable (suffix always is: it needs no checkpoint). One knob, so the 
 compares the methods from the same point instead of turning speculation off before it ever tries suffix. Where
 suffix decoding can be drawn, its two proposal settings are searched at the values measured to matter
 (benchmarks/RESULTS.md, "Suffix decoding in the engine": vLLM's defaults gave 1.93x plain on held-out code, a full
-block from any match 2.67x).
+block from any match 2.67x), starting from the full block, so the screen compares suffix and the hybrid with the
+other methods at their measured settings. The screen moves a drafter's knob only from a point whose method reads it
+(`SearchSpace.reads`): an n-gram point run again with another suffix setting measures nothing new.
 """
 
 from __future__ import annotations
 
+from kb.match import Plan
 from tuner.engine_config import BUNDLED_METHODS
 from tuner.space import SearchSpace
 
 SUFFIX_SPEC_FACTORS = (1.0, 8.0)  # drafter.suffix_spec_factor: vLLM's default; a full block from a 1-token match
 SUFFIX_MIN_PROBS = (0.02, 0.1)  # drafter.suffix_min_prob: the full-block config's floor; vLLM's default
+FULL_BLOCK = {"drafter.suffix_spec_factor": 8.0, "drafter.suffix_min_prob": 0.02}  # where the screen starts them: the
+# bundled engine measured it faster on code (2.67x plain against 1.93x) and level on chat (1.20x against 1.19x)
+POOR_TAU = "spec.gamma.measured-poor"  # the rule that shortens blocks on the profiled DSpark drafter's tau
+READS = {"drafter.suffix_spec_factor": ("suffix", "hybrid"), "drafter.suffix_min_prob": ("suffix", "hybrid"),
+         "spec.head": ("dspark", "hybrid")}  # the methods whose drafter reads each knob: moving it elsewhere is inert
 
 
-def measured_space(space: SearchSpace, deploy: str | None) -> SearchSpace:
+def measured_space(space: SearchSpace, deploy: str | None, plan: Plan | None = None,
+                   drafter_block: int | None = None) -> SearchSpace:
     """`space` with spec.method among what the bundled engine runs and the deploy's engines run too (tuner/deploy.py),
     plain decoding a choice, and suffix's settings searched where suffix or the hybrid can be drawn. A space whose
-    method is fixed, or not set (old profiles: DSpark), keeps it."""
+    method is fixed, or not set (old profiles: DSpark), keeps it. Where several methods are searched, the block is
+    searched up to the drafter's own (`drafter_block`) past the cut of `POOR_TAU`, a rule that reads the profiled
+    DSpark drafter's tau alone (`plan`: where to see it)."""
     from optuna.distributions import CategoricalDistribution
 
     from tuner.deploy import restrict
@@ -51,4 +62,31 @@ def measured_space(space: SearchSpace, deploy: str | None) -> SearchSpace:
     if {"suffix", "hybrid"} & set(left):
         out.distributions.setdefault("drafter.suffix_spec_factor", CategoricalDistribution(list(SUFFIX_SPEC_FACTORS)))
         out.distributions.setdefault("drafter.suffix_min_prob", CategoricalDistribution(list(SUFFIX_MIN_PROBS)))
+        for name, v in FULL_BLOCK.items():
+            if v in out.distributions[name].choices:
+                out.warm_start.setdefault(name, v)
+    out.reads = {k: v for k, v in READS.items() if k in out.distributions and "spec.method" in out.distributions}
+    if plan is not None and drafter_block and "spec.method" in out.distributions:
+        _block_past_poor_tau(out, plan, drafter_block)
     return out
+
+
+def _block_past_poor_tau(space: SearchSpace, plan: Plan, drafter_block: int) -> None:
+    """Search spec.block_size from its planned low end up to `drafter_block` where `POOR_TAU` cut it below that: the
+    rule shortens blocks because the profiled DSpark drafter accepts little, which says nothing of n-gram's or
+    suffix's drafts (tau ~3 on code where DSpark's is ~2: RESULTS.md, issue 42), and the bundled engine measures each
+    block. The planned value (or low end) stays the start, and the value of trials stored without one. In place."""
+    from optuna.distributions import IntDistribution
+
+    fixed, entry = plan.fixed.get("spec.block_size"), plan.space.get("spec.block_size")
+    rules = fixed.rules if fixed is not None else entry.rules if entry is not None else []
+    if POOR_TAU not in rules:
+        return
+    low = int(fixed.value) if fixed is not None else int(entry.low)
+    high = int(fixed.value) if fixed is not None else int(entry.high)
+    if drafter_block <= high or "spec.block_size" not in space.fixed and "spec.block_size" not in space.distributions:
+        return
+    start = space.fixed.pop("spec.block_size", space.warm_start.get("spec.block_size", low))
+    space.distributions["spec.block_size"] = IntDistribution(low, drafter_block)
+    space.warm_start["spec.block_size"] = start
+    space.defaults["spec.block_size"] = start  # a trial stored before the block was searched ran the planned one

@@ -262,7 +262,7 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
     from tuner import study as st
     from tuner.bundle_dir import check_out
     from tuner.export import export_study
-    from tuner.measure import check_resumed_compile, resolve_compile, steps_line
+    from tuner.measure import check_resumed_compile, resolve_compile, start_dtype, steps_line
 
     objectives = [o.strip() for o in objective.split(",") if o.strip()]
     st.directions(objectives)
@@ -354,7 +354,11 @@ def tune(gpu: Annotated[str | None, typer.Option(help="GPU to tune for (catalogu
                             deploy=deploy or live_deploy(engine) or default_deploy(chosen, profile),
                             cluster=choice.to_json() if choice is not None else None)
         if chosen != "live":
-            spec.space()  # a deploy that leaves nothing runnable is one line now, not in the first trial
+            searched = spec.space()  # a deploy that leaves nothing runnable is one line now, not in the first trial
+            if chosen == "measure":  # the screen compares the methods in the dtype this CPU runs faster
+                spec.start_dtype, why = start_dtype(profile, searched, spec.compile)
+                if why and not as_json:
+                    err_console.print(f"{why}: the screen starts there", highlight=False)
         if chosen in ("simulate", "live") and calibrated:
             from tuner.live.calibration import lookup
 

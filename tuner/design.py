@@ -245,6 +245,8 @@ def screen(study: Any, space: SearchSpace, objective: Callable[[Any], Any], budg
     while level <= levels:
         improved = False  # knobs interact (a new TP moves the best batch size): repeat passes while they improve
         for name in (n for n in SCREEN if n in space.distributions):
+            if name in space.reads and best_p.get("spec.method") not in space.reads[name]:
+                continue  # the point's method does not read this knob: a move would measure the point again
             d = space.distributions[name]
             for v in (_moves(d, best_p[name]) if level == 0 else _refine(d, best_p[name], level)):
                 p = {**best_p, name: v}

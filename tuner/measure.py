@@ -232,3 +232,26 @@ def check_resumed_compile(asked: bool | None, mode: str, compiled: bool, name: s
     if asked != compiled:
         raise TunerError(f"study {name} measured {'compiled' if compiled else 'eager'} steps; drop "
                          f"--{'no-' if compiled else ''}compile to resume it, or give a new --study")
+
+
+def start_dtype(profile: Profile, space: Any, compile: bool = False) -> tuple[str | None, str]:
+    """(the weights dtype a measured CPU study's screen starts from, one line saying why): the dtype whose measured
+    verify step runs faster on this CPU (dspark_core/modeling/dtype_choice.py, the steps-per-second table the
+    schedulers use), when the study searches `weights.dtype` among fp32 and bf16. The screen compares the methods at
+    its start point, and which method pays depends on the dtype (fp32 verification costs more against drafting:
+    RESULTS.md, issue 42's `tune --gpu cpu` table), so the methods are compared in the dtype the bundle will run.
+    `compile`: the trials run compiled steps, so those are timed, at the block the screen starts from. (None, "")
+    where nothing is measured: a GPU, a fixed dtype, or a space without both."""
+    from dspark_core.config import EngineConfig
+    from dspark_core.modeling.dtype_choice import CANDIDATES, fastest_dtype
+
+    d = space.distributions.get("weights.dtype")
+    if profile.hw.arch != "cpu" or d is None or not set(CANDIDATES) <= set(getattr(d, "choices", ())):
+        return None, ""
+    cfg = EngineConfig()
+    cfg.model.path = str(_checkpoint(profile))
+    cfg.device, cfg.compile, cfg.compile_budget_s = "cpu", compile, float("inf")
+    block = space.warm_start.get("spec.block_size", space.fixed.get("spec.block_size"))
+    if block:
+        cfg.spec.block_size = int(block)
+    return fastest_dtype(cfg)

@@ -6,7 +6,7 @@ full parameter set of every trial is `defaults | plan.fixed | sampled`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kb.match import Plan, SpaceEntry
@@ -57,6 +57,8 @@ class SearchSpace:
     defaults: dict[str, Any]  # param -> engine default (neither fixed nor searched)
     warm_start: dict[str, Any]  # plan.prefer restricted to searched params
     running_cap: int = 0  # closed-loop clients of the workload: more running requests never run (0: open loop)
+    reads: dict[str, tuple[str, ...]] = field(default_factory=dict)  # param -> the spec.method values that read it
+    # (absent: every method); the screen does not move a param the point's method does not read
 
     def params_of(self, sampled: dict[str, Any]) -> dict[str, Any]:
         """The full parameter set of a trial, bounded as the engines bound it (`consistent`): what a trial runs,

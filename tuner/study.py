@@ -50,6 +50,7 @@ class StudySpec(BaseModel):
     trial_seconds: float = 60.0  # measure mode: a trial's generation stops after this long (figures cover what ran)
     trial_tokens: int = 48  # measure mode: new tokens each of a trial's requests generates
     compile: bool = False  # measure mode: trials run compiled decode / verify steps, and dspark.yaml exports them
+    start_dtype: str | None = None  # measure mode on a CPU: the weights dtype the screen starts from (measured faster)
     tool_version: str = ""
     # live (tune --engine): the serving engine launched per trial and how it is driven
     engine: str | None = None  # tuner/live/engines.py ENGINES: dspark, vllm, sglang
@@ -100,7 +101,10 @@ class StudySpec(BaseModel):
         if self.mode == "measure":  # the bundled engine runs: plain, n-gram, suffix, DSpark and the hybrid
             from tuner.bundled_methods import measured_space
 
-            return measured_space(space, self.deploy)
+            space = measured_space(space, self.deploy, plan, self.profile_model().drafter.block_size)
+            if self.start_dtype and "weights.dtype" in space.distributions:  # tuner/measure.py start_dtype
+                space.warm_start["weights.dtype"] = self.start_dtype
+            return space
         from tuner.deploy import restrict
         from tuner.live.space import engine_space
 

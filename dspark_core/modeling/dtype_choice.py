@@ -5,7 +5,10 @@ weights and half the bytes stream in about half the time; on an AVX2-only CPU bf
 9-token verify step costs 4-8x a decode step (benchmarks/step_limit.py), so fp32 wins. Rather than guess from
 flags, this loads the target in each candidate dtype with the engine's linear kernel, profiles its steps per
 second (`profile_target_sps`, the table the schedulers use) at the step the engine runs most (its verify length,
-or one token for plain decoding), and keeps the faster. On a GPU the answer is bf16 without measuring.
+or one token for plain decoding), compiled where the engine compiles its steps (`compile`: eager fp32 with packed
+weights and eager bf16 measure within a few percent of each other on an AVX512-BF16 CPU, where the compiled bf16 step
+is ~1.5x the fp32 one: RESULTS.md, `tune --gpu cpu`), and keeps the faster. On a GPU the answer is bf16 without
+measuring.
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ def fastest_dtype(config: EngineConfig, repeats: int = 5) -> tuple[str, str]:
     """(the dtype to run, one line saying why) for `config`'s target on its device."""
     import torch
 
+    from dspark_core.engine_parts import step_sizes
     from dspark_core.errors import DSparkError
     from dspark_core.modeling.checkpoint import load_model
+    from dspark_core.modeling.compiled import attach
     from dspark_core.modeling.cpu_linear import apply_kernel
     from dspark_core.verification.verify_scheduler import profile_target_sps
 
@@ -44,6 +49,8 @@ def fastest_dtype(config: EngineConfig, repeats: int = 5) -> tuple[str, str]:
             kernel = apply_kernel(model, config.weights.cpu_kernel)
         except DSparkError:  # cpu_kernel onednn where oneDNN cannot pack this dtype: not a candidate
             continue
+        if config.compile:  # the step the engine will run: compiled kernels rank the dtypes otherwise than eager
+            attach(model, step_sizes(config), config.compile_budget_s)
         speed[name] = (profile_target_sps(model, max(2, t), repeats=repeats).lookup(t), kernel)
         del model
     if not speed:
@@ -51,6 +58,7 @@ def fastest_dtype(config: EngineConfig, repeats: int = 5) -> tuple[str, str]:
                           "on this CPU; use cpu_kernel auto")
     best = max(speed, key=lambda k: speed[k][0])
     others = ", ".join(f"{k} {v[0]:.1f}" for k, v in speed.items() if k != best) or "no other dtype runs"
-    return best, (f"weights.dtype fastest: {best} ({speed[best][0]:.1f} steps/s of {t} tokens with "
+    steps = "compiled" if config.compile else "eager"
+    return best, (f"weights.dtype fastest: {best} ({speed[best][0]:.1f} {steps} steps/s of {t} tokens with "
                   f"{speed[best][1]} linears; {others}; measured on this {torch.backends.cpu.get_cpu_capability()} "
                   "CPU)")

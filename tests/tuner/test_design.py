@@ -132,3 +132,25 @@ def test_hot_knobs_move_right_after_each_new_best_on_its_server() -> None:
     first = next(i for i, x in enumerate(p) if x["spec.block_size"] == 10)
     assert [x["spec.block_size"] for x in p[first:first + 3]] == [10, 10, 10]
     assert [x["batch.timeout_ms"] for x in p[first:first + 3]] == [10, 0, 5]  # from the best (10), outside in
+
+
+def test_screen_does_not_move_a_knob_the_points_method_does_not_read() -> None:
+    """An n-gram point run again with another suffix setting measures nothing new (`SearchSpace.reads`): the knob is
+    moved only from a point whose method reads it."""
+    space = SearchSpace(distributions={"spec.method": CategoricalDistribution(["ngram", "suffix"]),
+                                       "drafter.suffix_spec_factor": CategoricalDistribution([1.0, 8.0])},
+                        fixed={}, defaults={}, warm_start={"spec.method": "ngram", "drafter.suffix_spec_factor": 1.0},
+                        reads={"drafter.suffix_spec_factor": ("suffix",)})
+
+    def ran(ngram: float) -> list[tuple[str, float]]:
+        """The screen's trials where n-gram scores `ngram` and suffix its setting / 4 (0.25 or 2)."""
+        def value(p: dict) -> float:
+            return ngram if p["spec.method"] == "ngram" else p["drafter.suffix_spec_factor"] / 4
+
+        study = optuna.create_study(direction="maximize")
+        screen(study, space, lambda t: value(space.suggest(t)), budget=20, score=lambda t: t.value)
+        return [(t.params["spec.method"], t.params["drafter.suffix_spec_factor"]) for t in study.trials]
+
+    assert ran(ngram=1.0) == [("ngram", 1.0), ("suffix", 1.0)]  # never ("ngram", 8.0)
+    space.warm_start["spec.method"] = "suffix"
+    assert ran(ngram=0.1) == [("suffix", 1.0), ("ngram", 1.0), ("suffix", 8.0)]  # from suffix, the best, it moves

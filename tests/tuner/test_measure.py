@@ -65,3 +65,30 @@ def test_a_preset_workload_measures_its_own_domain():
     assert {r.domain for r in load_prompts(preset_prompts("chat"))} == {"chat"}
     assert preset_prompts("code") == preset_prompts("math") != preset_prompts("chat")
     assert preset_prompts("code").is_file()
+
+
+def test_a_cpu_study_screens_the_methods_in_the_dtype_this_cpu_runs_faster():
+    """The screen compares the methods at its start point, so a measured CPU study starts in the dtype whose verify
+    step measured faster here (tuner/measure.start_dtype), not in fp32 whatever the CPU; nothing is measured on a GPU,
+    for a fixed dtype or where fp32 and bf16 are not both searched."""
+    from kb.match import Plan, SpaceEntry
+    from tuner.design import start_point
+    from tuner.measure import start_dtype
+    from tuner.study import StudySpec
+
+    cpu = Profile.model_validate({"hw": {"arch": "cpu", "name": "cpu"}})
+    entry = SpaceEntry(kind="choices", choices=["fp32", "bf16", "int8"], type="cat", rules=["r"], why="w")
+    plan = Plan(space={"weights.dtype": entry}).model_dump(mode="json")
+    spec = StudySpec(profile=cpu.model_dump(mode="json"), plan=plan, mode="measure", deploy="dspark")
+    dtype, why = start_dtype(cpu, spec.space())  # measured on the tiny target
+    assert dtype in ("fp32", "bf16") and "steps/s of" in why and "CPU" in why
+    for picked in ("bf16", "fp32"):
+        started = spec.model_copy(update={"start_dtype": picked})
+        assert start_point(started.space())["weights.dtype"] == picked
+        assert StudySpec.model_validate(started.model_dump(mode="json")).start_dtype == picked  # stored with it
+    assert start_point(spec.space())["weights.dtype"] == "fp32"  # stored before it: the first choice, as it was
+    gpu = Profile.model_validate({"hw": {"arch": "hopper", "name": "h100"}})
+    assert start_dtype(gpu, spec.space()) == (None, "")
+    bf16_only = Plan(space={"weights.dtype": entry.model_copy(update={"choices": ["bf16", "int8"]})})
+    narrow = spec.model_copy(update={"plan": bf16_only.model_dump(mode="json")})
+    assert start_dtype(cpu, narrow.space()) == (None, "")

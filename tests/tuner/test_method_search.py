@@ -99,6 +99,37 @@ def test_a_measured_study_searches_what_the_bundled_engine_runs():
     assert "hybrid" not in simulated.distributions["spec.method"].choices  # the simulator does not price it
 
 
+def test_a_measured_study_compares_the_methods_at_their_measured_settings_and_blocks():
+    """Suffix and the hybrid start at the full block (measured faster on code), their knobs move only from a point that
+    drafts with them, and a block the DSpark drafter's low tau alone cut short is searched up to the drafter's block."""
+    from kb.match import FixedEntry, SpaceEntry
+    from tuner.design import start_point
+    from tuner.study import StudySpec
+
+    prof = _profile(**DSPARK)
+    plan = match_profile([], prof)
+    del plan.space["spec.block_size"]  # the checkpoint's [1, 7] cut to 5, as code and a low tau cut it
+    plan.fixed["spec.block_size"] = FixedEntry(value=5, rules=["drafter:x", "spec.gamma.measured-poor",
+                                                                "spec.gamma.structured-domain"], why="w")
+    spec = StudySpec(profile=prof.model_dump(mode="json"), plan=plan.model_dump(mode="json"), mode="measure",
+                     deploy="dspark")
+    space = spec.space()
+    start = start_point(space)
+    assert (start["drafter.suffix_spec_factor"], start["drafter.suffix_min_prob"]) == (8.0, 0.02)
+    assert space.reads["drafter.suffix_spec_factor"] == ("suffix", "hybrid")
+    block = space.distributions["spec.block_size"]
+    assert (block.low, block.high) == (5, 7) and start["spec.block_size"] == 5  # DSPARK's drafter drafts 7
+    assert space.params_of({})["spec.block_size"] == 5  # a trial stored before the block was searched
+    plan.fixed["spec.block_size"].rules = ["drafter:x", "spec.gamma.structured-domain"]  # cut by another rule: kept
+    kept = spec.model_copy(update={"plan": plan.model_dump(mode="json")}).space()
+    assert kept.fixed["spec.block_size"] == 5 and "spec.block_size" not in kept.distributions
+    del plan.fixed["spec.block_size"]  # chat: a range [3, 5], its top end the low tau's
+    plan.space["spec.block_size"] = SpaceEntry(kind="range", low=3, high=5, type="int", why="w",
+                                               rules=["spec.gamma.chat-domain", "spec.gamma.measured-poor"])
+    chat = spec.model_copy(update={"plan": plan.model_dump(mode="json")}).space()
+    assert (chat.distributions["spec.block_size"].low, chat.distributions["spec.block_size"].high) == (3, 7)
+
+
 def test_a_cpu_measured_study_defaults_to_the_bundled_engine():
     from tuner.commands_tune import default_deploy
 
