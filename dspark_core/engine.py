@@ -469,9 +469,8 @@ class Engine:
             out = self.target(inp, self.cache, slots, n_new, hidden_layers=self.hidden_layers)
         verdicts = round_verdicts(out, inp, nv, [r.sp for r in running], [r.generator for r in running], prop.probs)
         stats = self.stats
-        stats.draft_s += t1 - t0
         took = time.perf_counter() - t1
-        stats.verify_s += took
+        stats.draft_s, stats.verify_s = stats.draft_s + t1 - t0, stats.verify_s + took
         if hasattr(self.scheduler, "step_took") and not admit:  # a compiled target's scheduler prices its shapes by
             self.scheduler.step_took(b, t, took, sum(nv) + b)
         stats.steps += 1
@@ -493,7 +492,7 @@ class Engine:
             self._start(admit, fill)
             stats.admit_rounds += 1
         took = time.perf_counter() - t_round
-        stats.decode_s += took
+        stats.decode_s, stats.mixed_s = stats.decode_s + took, stats.mixed_s + (took if admit else 0.0)
         if len(running) == self.config.batch.max_requests:
             stats.full_s += took
             stats.full_tokens += sum(len(k) for k in committed)

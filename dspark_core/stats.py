@@ -28,6 +28,7 @@ class GenStats:
     verify_s: float = 0.0  # host wall time of the target's verify forwards and their verdicts
     decode_s: float = 0.0  # wall time of the decode rounds (all but the prefills run apart from a round)
     admit_rounds: int = 0  # rounds whose verify forward also prefilled requests admitted while others ran
+    mixed_s: float = 0.0  # wall time of those rounds (decode_s holds it too)
     full_s: float = 0.0  # wall time of the decode rounds every batch slot took part in
     full_tokens: int = 0  # tokens those rounds committed
 

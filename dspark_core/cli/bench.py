@@ -192,6 +192,7 @@ class Row:
     round_tokens: int = 0  # tokens those rounds committed
     full_s: float = 0.0  # seconds of the decode rounds with every batch slot busy
     full_tokens: int = 0  # tokens those rounds committed
+    mixed_s: float = 0.0  # seconds of the decode rounds that also prefilled admitted requests
     stats: GenStats | None = None  # stats of the first repeat (tau, acceptance: deterministic under greedy)
     proposers: dict[str, list[int]] = field(default_factory=dict)  # a hybrid's proposer -> [drafts, proposed,
     # verified, accepted] over the timed passes
@@ -291,6 +292,7 @@ def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> l
             row.round_tokens += stats.round_tokens
             row.full_s += stats.full_s
             row.full_tokens += stats.full_tokens
+            row.mixed_s += stats.mixed_s
             if row.stats is None:
                 row.stats, row.outputs = stats, outs
             if progress:
@@ -345,6 +347,7 @@ def report(spec: BenchSpec, rows: list[Row], device: str, target: LeanModel | No
             "draft_share": round(st.draft_s / st.decode_s, 4) if speculative and st and st.decode_s else None,
             "generated_tokens": r.tokens,
             "seconds": round(r.seconds, 3),
+            **({"time_split": time_split(r)} if r.decode_s else {}),
             # a hybrid's rounds per proposer over the timed passes: request rounds it drafted, and its tokens'
             # acceptance (accepted / proposed) and accepted tokens per drafted round
             **({"proposers": {who: {"drafts": d, "proposed": p, "verified": v, "accepted": a,
@@ -356,6 +359,17 @@ def report(spec: BenchSpec, rows: list[Row], device: str, target: LeanModel | No
     return {"device": device, "prompts": len(spec.prompts), "max_new_tokens": spec.sampling.max_new_tokens,
             "temperature": spec.sampling.temperature, "repeats": spec.repeats, "concurrency": spec.concurrency,
             "block_size": spec.block_size, "methods": out_methods}
+
+
+def time_split(r: Row) -> dict[str, float]:
+    """Where an engine method's timed seconds went: prefills run apart from a round, rounds that also prefilled
+    admitted requests (the compiled mixed step), rounds with every slot busy, and the other rounds (a closed batch's
+    tail, slots emptied by finished requests). Plain decoding admits a wave of equal-length requests in one prefill
+    where a speculative method's requests finish apart and are replaced one at a time inside rounds, so this shows
+    what a whole-run ratio is made of."""
+    other = r.decode_s - r.mixed_s - r.full_s
+    return {"prefill_s": round(r.seconds - r.decode_s, 3), "mixed_rounds_s": round(r.mixed_s, 3),
+            "full_rounds_s": round(r.full_s, 3), "other_rounds_s": round(max(0.0, other), 3)}
 
 
 def device_name(target: LeanModel) -> str:

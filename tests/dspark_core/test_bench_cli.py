@@ -31,6 +31,12 @@ def test_bench_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert rows["ar_draft"]["tau"] >= 1.0 and 1 <= len(rows["ar_draft"]["position_acceptance"]) <= 4
     assert all(m["tokens_per_s"] > 0 for m in out["methods"])
     assert rows["plain"]["full_batch_tokens_per_s"] > 0 and rows["hf_assisted"]["full_batch_tokens_per_s"] is None
+    for name in ("plain", "ar_draft", "ngram"):  # where an engine method's seconds went; one request: no mixing
+        split = rows[name]["time_split"]
+        assert set(split) == {"prefill_s", "mixed_rounds_s", "full_rounds_s", "other_rounds_s"}
+        assert split["mixed_rounds_s"] == 0 and split["full_rounds_s"] > 0 and min(split.values()) >= 0
+        assert abs(sum(split.values()) - rows[name]["seconds"]) < 0.01
+    assert "time_split" not in rows["hf_assisted"]
     for m in out["methods"][1:]:  # the identity report: lossless only when every output is identical
         assert (m["identical_share"] == 1.0) == m["lossless"] and (m["first_divergence"] is None) == m["lossless"]
 

@@ -103,3 +103,4 @@ def test_an_engine_prefills_admissions_inside_its_rounds_and_stays_token_identic
             tiny_target.compiled = None
         assert got == want, mixed
         assert (eng.stats.admit_rounds >= 2) if mixed else eng.stats.admit_rounds == 0
+        assert (0 < eng.stats.mixed_s <= eng.stats.decode_s) if mixed else eng.stats.mixed_s == 0.0
