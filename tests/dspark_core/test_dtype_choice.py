@@ -30,7 +30,24 @@ def test_the_measured_faster_dtype_wins_at_the_verify_length(monkeypatch, faster
     cfg.spec.block_size = 4
     best, line = dtype_choice.fastest_dtype(cfg)
     assert best == faster and seen == [("fp32", 5), ("bf16", 5)]  # probed at the 5-token verify step
-    assert line.startswith(f"weights.dtype fastest: {faster} (5.0 steps/s of 5 tokens") and "measured" in line
+    assert line.startswith(f"weights.dtype fastest: {faster} (5.0 eager steps/s of 5 tokens") and "measured" in line
+
+
+def test_a_compiling_engine_times_the_compiled_steps(monkeypatch) -> None:
+    """The engine will run compiled steps, so those are what is timed: each candidate is compiled for the engine's
+    step sizes before its probes (compiled and eager steps rank the dtypes differently on some CPUs)."""
+    import dspark_core.modeling.compiled as compiled
+    import dspark_core.verification.verify_scheduler as vs
+
+    seen: list[tuple[str, int]] = []
+    attached: list[str] = []
+    monkeypatch.setattr(vs, "profile_target_sps", _fake_sps({"fp32": 5.0, "bf16": 10.0}, seen))
+    monkeypatch.setattr(compiled, "attach", lambda model, sizes, budget: attached.append(str(model.dtype)))
+    cfg = EngineConfig(device="cpu", compile=True)
+    cfg.drafter.method = "ngram"  # type: ignore[assignment]
+    best, line = dtype_choice.fastest_dtype(cfg)
+    assert best == "bf16" and attached == ["torch.float32", "torch.bfloat16"] and len(seen) == 2
+    assert "compiled steps/s" in line
 
 
 def test_plain_decoding_is_measured_at_one_token_and_a_gpu_is_bf16_unmeasured(monkeypatch) -> None:
