@@ -84,7 +84,7 @@ def _block_past_poor_tau(space: SearchSpace, plan: Plan, drafter_block: int) -> 
         return
     low = int(fixed.value) if fixed is not None else int(entry.low)
     high = int(fixed.value) if fixed is not None else int(entry.high)
-    if drafter_block <= high or "spec.block_size" not in space.fixed and "spec.block_size" not in space.distributions:
+    if drafter_block <= high or ("spec.block_size" not in space.fixed and "spec.block_size" not in space.distributions):
         return
     start = space.fixed.pop("spec.block_size", space.warm_start.get("spec.block_size", low))
     space.distributions["spec.block_size"] = IntDistribution(low, drafter_block)

@@ -5,10 +5,9 @@ weights and half the bytes stream in about half the time; on an AVX2-only CPU bf
 9-token verify step costs 4-8x a decode step (benchmarks/step_limit.py), so fp32 wins. Rather than guess from
 flags, this loads the target in each candidate dtype with the engine's linear kernel, profiles its steps per
 second (`profile_target_sps`, the table the schedulers use) at the step the engine runs most (its verify length,
-or one token for plain decoding), compiled where the engine compiles its steps (`compile`: eager fp32 with packed
-weights and eager bf16 measure within a few percent of each other on an AVX512-BF16 CPU, where the compiled bf16 step
-is ~1.5x the fp32 one: RESULTS.md, `tune --gpu cpu`), and keeps the faster. On a GPU the answer is bf16 without
-measuring.
+or one token for plain decoding), compiled where the engine compiles its steps (`compile`: compiling moves each
+dtype's step by its own factor, e.g. on an AVX2 CPU bf16's verify-9 step 1.6x slower compiled and fp32's level:
+RESULTS.md, the step limit on AVX2), and keeps the faster. On a GPU the answer is bf16 without measuring.
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ def fastest_dtype(config: EngineConfig, repeats: int = 5) -> tuple[str, str]:
             kernel = apply_kernel(model, config.weights.cpu_kernel)
         except DSparkError:  # cpu_kernel onednn where oneDNN cannot pack this dtype: not a candidate
             continue
-        if config.compile:  # the step the engine will run: compiled kernels rank the dtypes otherwise than eager
+        if config.compile:  # time the step the engine will run: compiling moves each dtype's cost differently
             attach(model, step_sizes(config), config.compile_budget_s)
         speed[name] = (profile_target_sps(model, max(2, t), repeats=repeats).lookup(t), kernel)
         del model
