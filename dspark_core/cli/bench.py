@@ -342,6 +342,10 @@ def report(spec: BenchSpec, rows: list[Row], device: str, target: LeanModel | No
             "position_acceptance": [round(x, 4) for x in st.position_acceptance] if speculative and st else [],
             "lossless": lossless,
             "verify_tokens_per_step": round(st.verify_tokens_per_step, 3) if st and st.steps else None,
+            # requests a decode step ran on average, and the ms of its verify forward (with the verdicts): what a
+            # verified token costs at this load, and how full a speculative method kept the batch (first pass)
+            "requests_per_step": round(st.rounds / st.steps, 3) if st and st.steps else None,
+            "verify_ms_per_step": round(1e3 * st.verify_s / st.steps, 3) if st and st.steps else None,
             # the drafter's host time (propose + scheduler) per decode step and its share of the decode time
             "draft_ms_per_step": round(1e3 * st.draft_s / st.steps, 3) if speculative and st and st.steps else None,
             "draft_share": round(st.draft_s / st.decode_s, 4) if speculative and st and st.decode_s else None,

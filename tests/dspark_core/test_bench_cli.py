@@ -37,6 +37,7 @@ def test_bench_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         assert split["mixed_rounds_s"] == 0 and split["full_rounds_s"] > 0 and min(split.values()) >= 0
         assert abs(sum(split.values()) - rows[name]["seconds"]) < 0.01
     assert "time_split" not in rows["hf_assisted"]
+    assert rows["plain"]["requests_per_step"] == 1.0 and rows["ngram"]["verify_ms_per_step"] > 0
     for m in out["methods"][1:]:  # the identity report: lossless only when every output is identical
         assert (m["identical_share"] == 1.0) == m["lossless"] and (m["first_divergence"] is None) == m["lossless"]
 
