@@ -14,7 +14,7 @@ other methods at their measured settings. The screen moves a drafter's knob only
 
 from __future__ import annotations
 
-from kb.match import Plan
+from kb.match import FixedEntry, Plan
 from tuner.engine_config import BUNDLED_METHODS
 from tuner.space import SearchSpace
 
@@ -78,14 +78,13 @@ def _block_past_poor_tau(space: SearchSpace, plan: Plan, drafter_block: int) -> 
     block. The planned value (or low end) stays the start, and the value of trials stored without one. In place."""
     from optuna.distributions import IntDistribution
 
-    fixed, entry = plan.fixed.get("spec.block_size"), plan.space.get("spec.block_size")
-    rules = fixed.rules if fixed is not None else entry.rules if entry is not None else []
-    if POOR_TAU not in rules:
+    planned = plan.fixed.get("spec.block_size") or plan.space.get("spec.block_size")  # in space.fixed / distributions
+    if planned is None or POOR_TAU not in planned.rules:
         return
-    low = int(fixed.value) if fixed is not None else int(entry.low)
-    high = int(fixed.value) if fixed is not None else int(entry.high)
-    if drafter_block <= high or ("spec.block_size" not in space.fixed and "spec.block_size" not in space.distributions):
+    low, high = (planned.value, planned.value) if isinstance(planned, FixedEntry) else (planned.low, planned.high)
+    if low is None or high is None or drafter_block <= int(high):  # a list of choices, or nothing cut
         return
+    low = int(low)
     start = space.fixed.pop("spec.block_size", space.warm_start.get("spec.block_size", low))
     space.distributions["spec.block_size"] = IntDistribution(low, drafter_block)
     space.warm_start["spec.block_size"] = start

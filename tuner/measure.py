@@ -17,6 +17,7 @@ import numpy as np
 from profiler.schema import Profile
 from tuner.errors import TunerError
 from tuner.objective import Evaluation, Evaluator
+from tuner.space import SearchSpace
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "prompts"
 HELDOUT_PROMPTS = {"chat": PROMPTS_DIR / "heldout_chat.jsonl", "code": PROMPTS_DIR / "heldout_code.jsonl"}
@@ -234,7 +235,7 @@ def check_resumed_compile(asked: bool | None, mode: str, compiled: bool, name: s
                          f"--{'no-' if compiled else ''}compile to resume it, or give a new --study")
 
 
-def start_dtype(profile: Profile, space: Any, compile: bool = False) -> tuple[str | None, str]:
+def start_dtype(profile: Profile, space: SearchSpace, compile: bool = False) -> tuple[str | None, str]:
     """(the weights dtype a measured CPU study's screen starts from, one line saying why): the dtype whose measured
     verify step runs faster on this CPU (dspark_core/modeling/dtype_choice.py, the steps-per-second table the
     schedulers use), when the study searches `weights.dtype` among fp32 and bf16. The screen compares the methods at

@@ -94,14 +94,14 @@ class StudySpec(BaseModel):
 
     def space(self) -> SearchSpace:
         """The searched space: kernel knobs only when measuring on a GPU, where they can be observed."""
-        gpu_measure = self.mode == "measure" and self.profile_model().hw.arch not in (None, "cpu")
-        plan = self.plan_model()
+        profile, plan = self.profile_model(), self.plan_model()
+        gpu_measure = self.mode == "measure" and profile.hw.arch not in (None, "cpu")
         space = methods_decide(space_from_plan(plan, tune_kernels=gpu_measure), plan)
-        space.running_cap = 0 if self.mode == "live" else closed_loop_clients(self.profile_model().workload)
+        space.running_cap = 0 if self.mode == "live" else closed_loop_clients(profile.workload)
         if self.mode == "measure":  # the bundled engine runs: plain, n-gram, suffix, DSpark and the hybrid
             from tuner.bundled_methods import measured_space
 
-            space = measured_space(space, self.deploy, plan, self.profile_model().drafter.block_size)
+            space = measured_space(space, self.deploy, plan, profile.drafter.block_size)
             if self.start_dtype and "weights.dtype" in space.distributions:  # tuner/measure.py start_dtype
                 space.warm_start["weights.dtype"] = self.start_dtype
             return space
@@ -114,7 +114,7 @@ class StudySpec(BaseModel):
 
         if self.cost != "aic":  # the roofline prices a MoE server as TP whatever its EP (tuner/perf.py)
             space = fixed_at_start(space, ("parallel.ep",))
-        chosen = self.profile_model().drafter.chosen  # an explicit --drafter is the method the user asked for
+        chosen = profile.drafter.chosen  # an explicit --drafter is the method the user asked for
         return restrict(space, self.deploy) if chosen not in (None, "auto") else with_plain(restrict(space,
                                                                                                    self.deploy))
 
