@@ -48,7 +48,8 @@ def _register() -> None:
     for module in ("kb.commands_profile", "tuner.commands", "tuner.commands_tune", "tuner.commands_studies",
                    "tuner.commands_estimate",
                    "dspark_core.cli.commands", "dspark_core.cli.commands_dspark", "dspark_core.cli.commands_models",
-                   "dspark_core.cli.commands_ar", "dspark_core.cli.commands_suffix", "dspark_core.cli.commands_policy",
+                   "dspark_core.cli.commands_ar", "dspark_core.cli.commands_suffix",
+                   "dspark_core.cli.commands_suffix_corpus", "dspark_core.cli.commands_policy",
                    "dspark_core.cli.commands_serve", "dspark_core.cli.commands_vocab",
                    "live.commands"):
         try:

@@ -23,17 +23,24 @@ SUFFIX_MIN_PROBS = (0.02, 0.1)  # drafter.suffix_min_prob: the full-block config
 FULL_BLOCK = {"drafter.suffix_spec_factor": 8.0, "drafter.suffix_min_prob": 0.02}  # where the screen starts them: the
 # bundled engine measured it faster on code (2.67x plain against 1.93x) and level on chat (1.20x against 1.19x)
 POOR_TAU = "spec.gamma.measured-poor"  # the rule that shortens blocks on the profiled DSpark drafter's tau
+SUFFIX_CORPORA = ("none", "auto")  # drafter.suffix_corpus: cold, or the target's committed corpus (where it has one)
+DRAFTING = tuple(m for m in BUNDLED_METHODS if m != "plain")  # the methods that draft, verify and so read a block
 READS = {"drafter.suffix_spec_factor": ("suffix", "hybrid"), "drafter.suffix_min_prob": ("suffix", "hybrid"),
-         "spec.head": ("dspark", "hybrid")}  # the methods whose drafter reads each knob: moving it elsewhere is inert
+         "drafter.suffix_corpus": ("suffix", "hybrid"), "spec.head": ("dspark", "hybrid"),
+         "spec.block_size": DRAFTING, "spec.scheduler": DRAFTING}
+# the methods whose drafter reads each knob: moving it elsewhere is inert (a study that starts at plain screened
+# three blocks there before it moved the method: RESULTS.md, "Suffix decoding from a frozen corpus")
 
 
 def measured_space(space: SearchSpace, deploy: str | None, plan: Plan | None = None,
-                   drafter_block: int | None = None) -> SearchSpace:
+                   drafter_block: int | None = None, corpus: bool = False) -> SearchSpace:
     """`space` with spec.method among what the bundled engine runs and the deploy's engines run too (tuner/deploy.py),
     plain decoding a choice, and suffix's settings searched where suffix or the hybrid can be drawn. A space whose
     method is fixed, or not set (old profiles: DSpark), keeps it. Where several methods are searched, the block is
     searched up to the drafter's own (`drafter_block`) past the cut of `POOR_TAU`, a rule that reads the profiled
-    DSpark drafter's tau alone (`plan`: where to see it)."""
+    DSpark drafter's tau alone (`plan`: where to see it). With `corpus` (the target has a committed suffix corpus),
+    suffix decoding with and without it is searched too, from without: it paid on chat and cost the hybrid on code
+    (benchmarks/RESULTS.md, "Suffix decoding from a frozen corpus of the target's outputs")."""
     from optuna.distributions import CategoricalDistribution
 
     from tuner.deploy import restrict
@@ -65,10 +72,22 @@ def measured_space(space: SearchSpace, deploy: str | None, plan: Plan | None = N
         for name, v in FULL_BLOCK.items():
             if v in out.distributions[name].choices:
                 out.warm_start.setdefault(name, v)
-    out.reads = {k: v for k, v in READS.items() if k in out.distributions and "spec.method" in out.distributions}
+        if corpus:
+            out.distributions.setdefault("drafter.suffix_corpus", CategoricalDistribution(list(SUFFIX_CORPORA)))
+            out.warm_start.setdefault("drafter.suffix_corpus", SUFFIX_CORPORA[0])
     if plan is not None and drafter_block and "spec.method" in out.distributions:
         _block_past_poor_tau(out, plan, drafter_block)
+    out.reads = {k: v for k, v in READS.items() if k in out.distributions and "spec.method" in out.distributions}
     return out
+
+
+def has_corpus(model_path: str) -> bool:
+    """Whether the target at `model_path` has a suffix corpus committed beside it (what `auto` loads)."""
+    from dspark_core.config import committed_assets
+    from dspark_core.drafters.suffix_corpus import FILE
+
+    assets = committed_assets(model_path)
+    return assets is not None and (assets / FILE).is_file()
 
 
 def _block_past_poor_tau(space: SearchSpace, plan: Plan, drafter_block: int) -> None:

@@ -99,9 +99,10 @@ class StudySpec(BaseModel):
         space = methods_decide(space_from_plan(plan, tune_kernels=gpu_measure), plan)
         space.running_cap = 0 if self.mode == "live" else closed_loop_clients(profile.workload)
         if self.mode == "measure":  # the bundled engine runs: plain, n-gram, suffix, DSpark and the hybrid
-            from tuner.bundled_methods import measured_space
+            from tuner.bundled_methods import has_corpus, measured_space
+            from tuner.engine_config import model_ref
 
-            space = measured_space(space, self.deploy, plan, profile.drafter.block_size)
+            space = measured_space(space, self.deploy, plan, profile.drafter.block_size, has_corpus(model_ref(profile)))
             if self.start_dtype and "weights.dtype" in space.distributions:  # tuner/measure.py start_dtype
                 space.warm_start["weights.dtype"] = self.start_dtype
             return space

@@ -37,7 +37,8 @@ SCHEDULERS = ("verify_all", "threshold", "prefix", "async_topk", "learned")  # v
 
 def method_params(name: str, config: EngineConfig) -> dict[str, Any]:
     """Engine parameters of an engine-backed method name; DSparkError for an unknown one."""
-    named, _, vocab = name.partition("%")
+    full, _, corpus = name.partition("~")
+    named, _, vocab = full.partition("%")
     rest, _, gamma = named.partition("@")
     if vocab and not (vocab.isdigit() and int(vocab) <= 1 << 20):
         raise DSparkError(f"method {name!r}: draft-vocabulary suffix {vocab!r} must be a token count (0 = all)")
@@ -48,6 +49,9 @@ def method_params(name: str, config: EngineConfig) -> dict[str, Any]:
         raise DSparkError(f"method {name!r}: a block suffix applies to DSpark methods ({', '.join(HEADS)})")
     if vocab and base not in (*HEADS, *HYBRIDS):
         raise DSparkError(f"method {name!r}: a %draft-vocabulary suffix applies to DSpark and hybrid methods")
+    if corpus and (corpus not in ("corpus", "nocorpus") or base not in ("suffix", *HYBRIDS)):
+        raise DSparkError(f"method {name!r}: a ~ suffix is ~corpus or ~nocorpus (suffix decoding with the target's "
+                          "committed frozen corpus, or without one), for suffix and hybrid methods")
     if sched and sched not in SCHEDULERS:
         raise DSparkError(f"method {name!r}: unknown scheduler {sched!r}; use one of {', '.join(SCHEDULERS)}")
     if base == "plain":
@@ -67,6 +71,8 @@ def method_params(name: str, config: EngineConfig) -> dict[str, Any]:
         params["spec.scheduler"] = sched
     if vocab:
         params["drafter.draft_vocab"] = int(vocab)
+    if corpus:
+        params["drafter.suffix_corpus"] = "auto" if corpus == "corpus" else "none"
     if gamma in ("learned", "explore"):
         params["spec.gamma_policy"] = gamma
     elif gamma:
@@ -194,6 +200,7 @@ class Row:
     full_tokens: int = 0  # tokens those rounds committed
     mixed_s: float = 0.0  # seconds of the decode rounds that also prefilled admitted requests
     stats: GenStats | None = None  # stats of the first repeat (tau, acceptance: deterministic under greedy)
+    suffix_sources: list[int] | None = None  # suffix proposals by tree over the timed passes: own, global, corpus
     proposers: dict[str, list[int]] = field(default_factory=dict)  # a hybrid's proposer -> [drafts, proposed,
     # verified, accepted] over the timed passes
     outputs: list[list[int]] = field(default_factory=list)  # outputs of the first repeat
@@ -279,9 +286,11 @@ def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> l
             drafter = getattr(getattr(m, "engine", None), "drafter", None)
             if drafter is not None:  # every pass replays the same prompts: none may draft from an earlier pass
                 drafter.forget()
-            before = _proposer_counts(drafter)
+            before, src = _proposer_counts(drafter), _suffix_sources(drafter)
             outs, stats = m.run(spec.prompts, spec.sampling)
             row = rows[m.name]
+            row.suffix_sources = [a + n - w for a, n, w in zip(row.suffix_sources or [0, 0, 0],
+                                                              _suffix_sources(drafter), src, strict=True)]
             for who, now in _proposer_counts(drafter).items():
                 was = before.get(who, [0, 0, 0, 0])
                 row.proposers[who] = [a + n - w for a, n, w in zip(row.proposers.get(who, [0] * 4), now, was,
@@ -298,6 +307,13 @@ def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> l
             if progress:
                 progress.update(task, advance=1)
     return [rows[m.name] for m in methods]
+
+
+def _suffix_sources(drafter: Any) -> list[int]:
+    """Suffix decoding's proposals so far by tree (the request's own, the global one, the frozen corpus), for a
+    suffix drafter or a hybrid's; zeros for others."""
+    st = getattr(getattr(drafter, "suffix", drafter), "stats", None)
+    return [getattr(st, f, 0) for f in ("from_request", "from_global", "from_corpus")]
 
 
 def _proposer_counts(drafter: Any) -> dict[str, list[int]]:
@@ -358,6 +374,8 @@ def report(spec: BenchSpec, rows: list[Row], device: str, target: LeanModel | No
                                     "acceptance": round(a / p, 4) if p else None,
                                     "accepted_per_draft": round(a / d, 3) if d else None}
                               for who, (d, p, v, a) in r.proposers.items()}} if r.proposers else {}),
+            **({"suffix_sources": dict(zip(("request", "global", "corpus"), r.suffix_sources, strict=True))}
+               if r.suffix_sources and any(r.suffix_sources) else {}),
             **extra,
         })
     return {"device": device, "prompts": len(spec.prompts), "max_new_tokens": spec.sampling.max_new_tokens,

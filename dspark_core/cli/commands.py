@@ -80,7 +80,8 @@ def bench_cmd(
     temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy (lossless check on).")] = 0.0,
     methods: Annotated[str, typer.Option(help="Comma-separated methods (plain, hf_assisted, hf_prompt_lookup, "
                                               "ar_draft, ngram, dflash, dspark_markov, dspark_rnn, "
-                                              "NAME/scheduler).")] = (
+                                              "NAME/scheduler; suffix and hybrids: NAME~corpus "
+                                              "with the target's frozen corpus, ~nocorpus without).")] = (
         "plain,hf_assisted,ar_draft,ngram"),
     repeats: Annotated[int, typer.Option(min=1, help="Timed interleaved passes per method.")] = 3,
     block_size: Annotated[int | None, typer.Option(min=1, max=16, help="spec.block_size override.")] = None,

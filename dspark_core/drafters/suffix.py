@@ -27,6 +27,7 @@ import torch
 
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult
 from dspark_core.drafters.suffix_calibration import SuffixCalibration
+from dspark_core.drafters.suffix_corpus import CorpusIndex
 from dspark_core.drafters.suffix_tree import SuffixTree, expected_accepted
 
 
@@ -57,6 +58,7 @@ class SuffixStats:
 
     from_request: int = 0  # proposals from the request's own tree
     from_global: int = 0  # proposals from the global tree of finished outputs
+    from_corpus: int = 0  # proposals from the frozen corpus of the target's outputs
 
 
 class SuffixDrafter(Drafter):
@@ -65,12 +67,14 @@ class SuffixDrafter(Drafter):
     name = "suffix"
 
     def __init__(self, depth: int = 24, spec_factor: float = 1.0, min_prob: float = 0.1,
-                 cache_tokens: int = 8192, window: int = 4096, calibration: SuffixCalibration | None = None) -> None:
+                 cache_tokens: int = 8192, window: int = 4096, calibration: SuffixCalibration | None = None,
+                 corpus: CorpusIndex | None = None) -> None:
         self.depth, self.spec_factor, self.min_prob = depth, spec_factor, min_prob
         self.calibration = calibration  # maps the frequency ratios to measured acceptance (None: the raw ratios)
         self.window = max(window, depth)  # substrings starting in the last `window` tokens of a request are indexed
         self.cache_tokens = cache_tokens  # finished-output tokens the global tree keeps (0 = no global tree)
         self.glob = SuffixTree(depth)
+        self.corpus = corpus  # the target's outputs for training prompts, frozen (suffix_corpus.py; None: none)
         self._cached: deque[list[int]] = deque()  # outputs in the global tree, oldest first
         self._cached_tokens = 0
         self._slots: dict[int, _Slot] = {}
@@ -100,7 +104,8 @@ class SuffixDrafter(Drafter):
         self._extend(s, r.tokens[len(s.tokens):])
         return s
 
-    def draft(self, context: list[int], gamma: int, tree: SuffixTree, own: bool = False) -> Draft | None:
+    def draft(self, context: list[int], gamma: int, tree: SuffixTree | CorpusIndex, own: bool = False
+              ) -> Draft | None:
         """The tree's draft for `context`: the longest matched suffix's most frequent continuation (None: no match).
         `own`: `tree` was appended `context` itself (the request's tree), so its last nodes are the match."""
         longest = max(1, self.depth - gamma)  # leave the tree depth for a full block
@@ -115,23 +120,27 @@ class SuffixDrafter(Drafter):
         probs = self.calibration.probs(ratios, supports, k) if self.calibration else ratios
         return Draft(toks, probs, ratios, supports, k)
 
-    def _best(self, context: list[int], gamma: int, trees: list[SuffixTree]) -> tuple[Draft | None, int]:
-        """The draft with the larger expected accepted length among the trees, and the tree's index (-1: none)."""
+    def _best(self, context: list[int], gamma: int, trees: list[SuffixTree | CorpusIndex | None]
+              ) -> tuple[Draft | None, int]:
+        """The draft with the larger expected accepted length among the trees (None: absent), and the tree's index
+        (-1: none)."""
         best: tuple[Draft | None, int] = (None, -1)
         best_score = 0.0
         for i, tree in enumerate(trees):
+            if tree is None:
+                continue
             d = self.draft(context, gamma, tree, own=i == 0)
             if d is not None and (score := expected_accepted(d.probs)) > best_score:
                 best, best_score = (d, i), score
         return best
 
     def best_draft(self, r: DraftRequest) -> tuple[Draft | None, int]:
-        """The request's tree synced to its tokens, then the better draft of its tree and the global one, and
-        which (0 = its own, 1 = global, -1 = none)."""
+        """The request's tree synced to its tokens, then the best draft of its tree, the global one and the corpus,
+        and which (0 = its own, 1 = global, 2 = the corpus, -1 = none)."""
         s = self._sync(r)
         if r.gamma <= 0:
             return None, -1
-        return self._best(s.tokens, r.gamma, [s.tree] + ([self.glob] if self._cached else []))
+        return self._best(s.tokens, r.gamma, [s.tree, self.glob if self._cached else None, self.corpus])
 
     def propose(self, requests: list[DraftRequest]) -> Proposal:
         drafts: list[tuple[list[int], list[float]]] = []
@@ -141,6 +150,8 @@ class SuffixDrafter(Drafter):
                 self.stats.from_request += 1
             elif which == 1:
                 self.stats.from_global += 1
+            elif which == 2:
+                self.stats.from_corpus += 1
             drafts.append((d.tokens, d.probs) if d is not None else ([], []))
         g = max((len(d) for d, _ in drafts), default=0)
         tokens = torch.zeros(len(requests), g, dtype=torch.long)
@@ -197,12 +208,33 @@ def suffix_calibration(config) -> SuffixCalibration | None:  # noqa: ANN001 - En
     return load_calibration(Path(choice))
 
 
-def from_config(config, calibration: SuffixCalibration | None = None) -> SuffixDrafter:  # noqa: ANN001 - EngineConfig
+def suffix_corpus(config, vocab: int) -> CorpusIndex | None:  # noqa: ANN001 - EngineConfig
+    """`drafter.suffix_corpus`: a file, `none`, or `auto` (the target's committed file when it has one), indexed."""
+    from pathlib import Path
+
+    from dspark_core.config import committed_assets
+    from dspark_core.drafters.suffix_corpus import FILE, load_corpus
+
+    choice = config.drafter.suffix_corpus
+    if choice == "none":
+        return None
+    if choice == "auto":
+        assets = committed_assets(config.model.path)
+        path = assets / FILE if assets is not None else None
+        if path is None or not path.is_file():
+            return None
+    else:
+        path = Path(choice)
+    return load_corpus(path, config.drafter.suffix_depth, vocab)
+
+
+def from_config(config, calibration: SuffixCalibration | None = None,  # noqa: ANN001 - EngineConfig
+                corpus: CorpusIndex | None = None) -> SuffixDrafter:
     """A SuffixDrafter with `config.drafter`'s tree depth, spec factor, probability floor, global cache and window."""
     return SuffixDrafter(config.drafter.suffix_depth, config.drafter.suffix_spec_factor, config.drafter.suffix_min_prob,
-                         config.drafter.suffix_cache_tokens, config.drafter.suffix_window, calibration)
+                         config.drafter.suffix_cache_tokens, config.drafter.suffix_window, calibration, corpus)
 
 
 def build_drafter(config, target) -> SuffixDrafter:  # noqa: ANN001 - EngineConfig, LeanModel
     """Registry entry: `config.drafter`'s settings and its calibration (`drafter.suffix_calibration`)."""
-    return from_config(config, suffix_calibration(config))
+    return from_config(config, suffix_calibration(config), suffix_corpus(config, target.arch.vocab_size))

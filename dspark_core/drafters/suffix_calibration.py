@@ -46,8 +46,16 @@ class SuffixCalibration(BaseModel):
         return 1.0 / (1.0 + math.exp(-max(min(z, 40.0), -40.0)))
 
     def probs(self, ratios: list[float], supports: list[int], match: int) -> list[float]:
-        """Calibrated probabilities of a whole draft."""
-        return [self.prob(r, s, match, k) for k, (r, s) in enumerate(zip(ratios, supports, strict=True))]
+        """Calibrated probabilities of a whole draft: `prob` of each token, the same sums in the same order, with
+        the match's term taken once (every request's draft from every tree goes through here, every round)."""
+        wb, wr, ws, wm, wk = self.weights
+        lm = math.log1p(match)
+        out = []
+        for k, (r, s) in enumerate(zip(ratios, supports, strict=True)):
+            r = min(max(r, 1e-3), 1 - 1e-3)
+            z = wb * 1.0 + wr * math.log(r / (1 - r)) + ws * math.log1p(s) + wm * lm + wk * float(k)
+            out.append(1.0 / (1.0 + math.exp(-max(min(z, 40.0), -40.0))))
+        return out
 
     def save(self, path: Path) -> None:
         from dspark_core.atomic import atomic_write_text

@@ -77,7 +77,12 @@ def test_method_suffixes_set_the_scheduler_and_the_block() -> None:
     assert method_params("hybrid_markov/prefix%0", cfg)["drafter.draft_vocab"] == 0  # the whole vocabulary
     assert method_params("dspark_markov@4%4096", cfg)["drafter.draft_vocab"] == 4096
     assert "drafter.draft_vocab" not in method_params("dspark_markov", cfg)  # the drafter's own default
-    for bad, why in (("ngram%0", "DSpark and hybrid"), ("dspark_markov%0/prefix", "token count")):
+    assert method_params("suffix/prefix~nocorpus", cfg) == {"drafter.method": "suffix", "spec.scheduler": "prefix",
+                                                           "drafter.suffix_corpus": "none"}
+    assert method_params("hybrid_markov/prefix~corpus", cfg)["drafter.suffix_corpus"] == "auto"
+    assert "drafter.suffix_corpus" not in method_params("suffix", cfg)  # the config's (none unless it says)
+    for bad, why in (("ngram%0", "DSpark and hybrid"), ("dspark_markov%0/prefix", "token count"),
+                     ("ngram~corpus", "a ~ suffix"), ("suffix~cold", "a ~ suffix")):
         with pytest.raises(DSparkError, match=why):
             method_params(bad, cfg)
 
@@ -103,3 +108,8 @@ def test_bench_counts_a_hybrids_rounds_per_proposer(tmp_path: Path, capsys: pyte
         assert 0 <= c["accepted"] <= c["verified"] <= c["proposed"]
         if c["proposed"]:
             assert c["acceptance"] == round(c["accepted"] / c["proposed"], 4)
+    # suffix proposals by tree: the tiny target has no frozen corpus, so none came from one
+    assert "suffix_sources" not in rows["plain"]
+    for name in ("suffix", "hybrid_markov"):
+        src = rows[name].get("suffix_sources", {"request": 0, "global": 0, "corpus": 0})
+        assert src["corpus"] == 0 and src["request"] + src["global"] >= counts["suffix"]["drafts"] * (name != "suffix")

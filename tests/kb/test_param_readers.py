@@ -40,6 +40,7 @@ PAIRS: dict[str, tuple[Any, Any]] = {
     "fusion.rope_kvcache": (False, True), "fusion.rope_kvcache_mla": (False, True),
     "fusion.mla_dual_rmsnorm": (False, True),
     "drafter.suffix_spec_factor": (1.0, 8.0), "drafter.suffix_min_prob": (0.1, 0.02),
+    "drafter.suffix_corpus": ("none", "auto"),
 }
 # scheduler-specific knobs are only read by the scheduler that uses them
 # (and the static fraction only once the KV pool, not the 16 clients, limits the running requests: at 0.2 of one
@@ -47,7 +48,7 @@ PAIRS: dict[str, tuple[Any, Any]] = {
 CONTEXT = {"spec.confidence_threshold": {"spec.scheduler": "threshold"},
            "memory.fraction_static": {"parallel.tp": 1, "batch.max_requests": 16},
            "drafter.suffix_spec_factor": {"spec.method": "suffix"},
-           "drafter.suffix_min_prob": {"spec.method": "suffix"}}
+           "drafter.suffix_min_prob": {"spec.method": "suffix"}, "drafter.suffix_corpus": {"spec.method": "suffix"}}
 
 
 # the MoE layout (attention DP, EP) is read on a MoE model, and priced by AIC's tables (the roofline prices a layout as

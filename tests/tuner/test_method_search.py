@@ -117,6 +117,9 @@ def test_a_measured_study_compares_the_methods_at_their_measured_settings_and_bl
     start = start_point(space)
     assert (start["drafter.suffix_spec_factor"], start["drafter.suffix_min_prob"]) == (8.0, 0.02)
     assert space.reads["drafter.suffix_spec_factor"] == ("suffix", "hybrid")
+    assert "plain" not in space.reads["spec.block_size"] and "ngram" in space.reads["spec.block_size"]  # plain
+    # drafts nothing: a block moved from a plain point measures it again
+    assert "drafter.suffix_corpus" not in space.distributions  # DSPARK's target has no committed suffix corpus
     block = space.distributions["spec.block_size"]
     assert (block.low, block.high) == (5, 7) and start["spec.block_size"] == 5  # DSPARK's drafter drafts 7
     assert space.params_of({})["spec.block_size"] == 5  # a trial stored before the block was searched
@@ -128,6 +131,26 @@ def test_a_measured_study_compares_the_methods_at_their_measured_settings_and_bl
                                                rules=["spec.gamma.chat-domain", "spec.gamma.measured-poor"])
     chat = spec.model_copy(update={"plan": plan.model_dump(mode="json")}).space()
     assert (chat.distributions["spec.block_size"].low, chat.distributions["spec.block_size"].high) == (3, 7)
+
+
+def test_a_target_with_a_committed_suffix_corpus_searches_suffix_with_and_without_it(monkeypatch):
+    """From without (cold, as vLLM's suffix starts), moved only from a point whose method drafts with suffix."""
+    from pathlib import Path
+
+    from tuner import bundled_methods
+    from tuner.design import start_point
+    from tuner.study import StudySpec
+
+    tiny = Path(bundled_methods.__file__).parents[1] / "dspark_core/assets/tiny/target"
+    assert bundled_methods.has_corpus("smollm2-135m") and not bundled_methods.has_corpus(str(tiny))
+    monkeypatch.setattr(bundled_methods, "has_corpus", lambda path: True)  # as if DSPARK's target had one
+    prof = _profile(**DSPARK)
+    spec = StudySpec(profile=prof.model_dump(mode="json"), plan=match_profile([], prof).model_dump(mode="json"),
+                     mode="measure", deploy="dspark")
+    space = spec.space()
+    assert tuple(space.distributions["drafter.suffix_corpus"].choices) == ("none", "auto")
+    assert start_point(space)["drafter.suffix_corpus"] == "none"
+    assert space.reads["drafter.suffix_corpus"] == ("suffix", "hybrid")
 
 
 def test_a_cpu_measured_study_defaults_to_the_bundled_engine():
