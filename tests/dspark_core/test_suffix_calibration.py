@@ -96,3 +96,15 @@ def test_auto_finds_the_committed_file_and_a_bad_file_is_one_line(tmp_path: Path
         suffix_calibration(cfg)
     cfg.drafter.suffix_calibration = "none"
     assert suffix_calibration(cfg) is None
+
+
+def test_a_whole_drafts_probs_are_each_tokens_prob_to_the_bit() -> None:
+    """`probs` (every draft of every tree, every round) takes the match's term once; the sums stay `prob`'s."""
+    cal = SuffixCalibration(features=list(FEATURES), weights=[-1.3, 0.25, 0.37, 1.2, -0.11])
+    rng = random.Random(0)
+    for _ in range(500):
+        n, match = rng.randrange(1, 9), rng.randrange(1, 24)
+        ratios = [rng.choice([0.0, 1.0, rng.random()]) for _ in range(n)]
+        supports = [rng.randrange(1, 5000) for _ in range(n)]
+        assert cal.probs(ratios, supports, match) == [cal.prob(r, s, match, k)
+                                                      for k, (r, s) in enumerate(zip(ratios, supports, strict=True))]
