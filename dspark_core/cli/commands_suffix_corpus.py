@@ -61,7 +61,7 @@ def build_suffix_corpus_cmd(
 
     from dspark_core.cli.commands_dspark import _emit
     from dspark_core.config import EngineConfig, committed_assets
-    from dspark_core.drafters.suffix_corpus import FILE, CorpusFile, CorpusIndex, save_corpus
+    from dspark_core.drafters.suffix_corpus import FILE, MAX_TOKENS, CorpusFile, CorpusIndex, save_corpus
     from dspark_core.engine import Engine
     from dspark_core.modeling.checkpoint import checkpoint_folder
     from dspark_core.training.chat_prompts import chat_prompts
@@ -70,8 +70,16 @@ def build_suffix_corpus_cmd(
 
     if dtype not in ("fp32", "bf16"):
         raise DSparkError(f"--dtype {dtype!r} is not fp32 or bf16")
+    from dspark_core.training.code_sources import SOURCES
+
     if chat_sequences + code_sequences == 0:
         raise DSparkError("nothing to generate: pass --chat-sequences or --code-sequences above 0")
+    if code_sequences and code_source not in SOURCES:
+        raise DSparkError(f"--code-source {code_source!r} is not one of {', '.join(SOURCES)}")
+    most = (chat_sequences + code_sequences) * max_new_tokens
+    if most > MAX_TOKENS:  # refused before generating, not after: load_corpus would refuse the file
+        raise DSparkError(f"up to {most} tokens ({chat_sequences + code_sequences} x {max_new_tokens}) is over the "
+                          f"{MAX_TOKENS} a corpus file holds; pass fewer sequences or --max-new-tokens")
     folder = checkpoint_folder(target)
     assets = committed_assets(str(folder))
     path = out or (assets / FILE if assets is not None else None)

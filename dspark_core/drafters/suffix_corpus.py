@@ -173,6 +173,7 @@ class CorpusIndex:
 
 FILE = "suffix_corpus.json"  # shipped beside a target's committed assets
 MAX_BYTES = 8 << 20  # ~1.3M tokens of JSON (the index holds ~110 B a token: ~150 MB at most)
+MAX_TOKENS = MAX_BYTES // 7  # what `build-suffix-corpus` may write: 6 digits and a comma a token at most
 
 
 class CorpusFile(BaseModel):

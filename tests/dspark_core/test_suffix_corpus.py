@@ -110,3 +110,7 @@ def test_build_command_writes_a_corpus_and_leaves_a_foreign_file_alone(tmp_path:
     corpus = CorpusFile.model_validate_json(out.read_bytes())
     assert report["sequences"] == len(corpus.sequences) == 2 and "training split" in corpus.prompts
     assert main([*common, "--out", str(out)]) == 0  # its own file: rebuilt in place
+    for too_much, why in ((["--chat-sequences", "65536", "--max-new-tokens", "4096"], "over the"),
+                          (["--code-sequences", "1", "--code-source", "web"], "not one of")):
+        assert main([*common, *too_much, "--out", str(tmp_path / "x.json")]) == 2  # before any model is loaded
+        assert why in capsys.readouterr().err and not (tmp_path / "x.json").exists()
