@@ -188,6 +188,18 @@ def committed_assets(model_path: str) -> Path | None:
     return MODEL_ASSETS / name if name is not None else None
 
 
+def committed_file(choice: str, model_path: str, file: str) -> Path | None:
+    """A file setting that takes `none`, `auto` or a path (drafter.suffix_calibration, drafter.suffix_corpus): None
+    for `none`, the target's committed `file` for `auto` (None when it has none), else the path given."""
+    if choice == "none":
+        return None
+    if choice == "auto":
+        assets = committed_assets(model_path)
+        path = assets / file if assets is not None else None
+        return path if path is not None and path.is_file() else None
+    return Path(choice)
+
+
 def has_param(name: str) -> bool:
     """Whether dotted parameter `name` is a field of the engine's config (kernel.* knobs always are); the others
     are read by the simulator or the serving stacks' launch scripts only (kb/catalog/params.yaml `readers`)."""

@@ -83,11 +83,10 @@ def measured_space(space: SearchSpace, deploy: str | None, plan: Plan | None = N
 
 def has_corpus(model_path: str) -> bool:
     """Whether the target at `model_path` has a suffix corpus committed beside it (what `auto` loads)."""
-    from dspark_core.config import committed_assets
+    from dspark_core.config import committed_file
     from dspark_core.drafters.suffix_corpus import FILE
 
-    assets = committed_assets(model_path)
-    return assets is not None and (assets / FILE).is_file()
+    return committed_file("auto", model_path, FILE) is not None
 
 
 def _block_past_poor_tau(space: SearchSpace, plan: Plan, drafter_block: int) -> None:

@@ -191,35 +191,21 @@ class SuffixDrafter(Drafter):
             self._cached_tokens -= len(old)
 
 
-def _committed_or_path(choice: str, model_path: str, file: str):  # -> Path | None
-    """A `drafter.suffix_*` file setting: None for `none`, the target's committed `file` for `auto` (None when it has
-    none), else the path given."""
-    from pathlib import Path
-
-    from dspark_core.config import committed_assets
-
-    if choice == "none":
-        return None
-    if choice == "auto":
-        assets = committed_assets(model_path)
-        path = assets / file if assets is not None else None
-        return path if path is not None and path.is_file() else None
-    return Path(choice)
-
-
 def suffix_calibration(config) -> SuffixCalibration | None:  # noqa: ANN001 - EngineConfig
     """`drafter.suffix_calibration`: a file, `none`, or `auto` (the target's committed file when it has one)."""
+    from dspark_core.config import committed_file
     from dspark_core.drafters.suffix_calibration import FILE, load_calibration
 
-    path = _committed_or_path(config.drafter.suffix_calibration, config.model.path, FILE)
+    path = committed_file(config.drafter.suffix_calibration, config.model.path, FILE)
     return load_calibration(path) if path is not None else None
 
 
 def suffix_corpus(config, vocab: int) -> CorpusIndex | None:  # noqa: ANN001 - EngineConfig
     """`drafter.suffix_corpus`: a file, `none`, or `auto` (the target's committed file when it has one), indexed."""
+    from dspark_core.config import committed_file
     from dspark_core.drafters.suffix_corpus import FILE, load_corpus
 
-    path = _committed_or_path(config.drafter.suffix_corpus, config.model.path, FILE)
+    path = committed_file(config.drafter.suffix_corpus, config.model.path, FILE)
     return load_corpus(path, config.drafter.suffix_depth, vocab) if path is not None else None
 
 
