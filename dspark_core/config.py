@@ -46,7 +46,7 @@ class DrafterSection(_Section):
     suffix_window: int = Field(4096, ge=64, le=1_000_000)  # suffix: a request's tree indexes its last this many tokens
     suffix_calibration: str = "auto"  # suffix: ratios -> measured acceptance (`calibrate-suffix` JSON); auto = the
     # target's committed suffix_calibration.json when there is one, none = the raw ratios
-    suffix_corpus: str = "none"  # suffix: a frozen tree of the target's own outputs (`build-suffix-corpus` JSON);
+    suffix_corpus: str = "auto"  # suffix: a frozen tree of the target's own outputs (`build-suffix-corpus` JSON);
     # auto = the target's committed suffix_corpus.json when there is one, none = no corpus
     draft_vocab: int | None = Field(None, ge=0, le=1 << 20)  # dspark / hybrid: draft over the N most frequent target
     # tokens (the drafter's draft_vocab.json) + the context's; unset = 8192 where that file exists, 0 = whole vocabulary

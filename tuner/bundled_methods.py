@@ -23,7 +23,7 @@ SUFFIX_MIN_PROBS = (0.02, 0.1)  # drafter.suffix_min_prob: the full-block config
 FULL_BLOCK = {"drafter.suffix_spec_factor": 8.0, "drafter.suffix_min_prob": 0.02}  # where the screen starts them: the
 # bundled engine measured it faster on code (2.67x plain against 1.93x) and level on chat (1.20x against 1.19x)
 POOR_TAU = "spec.gamma.measured-poor"  # the rule that shortens blocks on the profiled DSpark drafter's tau
-SUFFIX_CORPORA = ("none", "auto")  # drafter.suffix_corpus: cold, or the target's committed corpus (where it has one)
+SUFFIX_CORPORA = ("auto", "none")  # drafter.suffix_corpus: the target's committed corpus (where it has one), or cold
 DRAFTING = tuple(m for m in BUNDLED_METHODS if m != "plain")  # the methods that draft, verify and so read a block
 READS = {"drafter.suffix_spec_factor": ("suffix", "hybrid"), "drafter.suffix_min_prob": ("suffix", "hybrid"),
          "drafter.suffix_corpus": ("suffix", "hybrid"), "spec.head": ("dspark", "hybrid"),
@@ -39,8 +39,9 @@ def measured_space(space: SearchSpace, deploy: str | None, plan: Plan | None = N
     method is fixed, or not set (old profiles: DSpark), keeps it. Where several methods are searched, the block is
     searched up to the drafter's own (`drafter_block`) past the cut of `POOR_TAU`, a rule that reads the profiled
     DSpark drafter's tau alone (`plan`: where to see it). With `corpus` (the target has a committed suffix corpus),
-    suffix decoding with and without it is searched too, from without: it paid on chat and cost the hybrid on code
-    (benchmarks/RESULTS.md, "Suffix decoding from a frozen corpus of the target's outputs")."""
+    suffix decoding with and without it is searched too, from with it (the engine's default): it paid on chat and
+    for suffix on code, and cost the hybrid a little on code (benchmarks/RESULTS.md, "Suffix decoding from a frozen
+    corpus of the target's outputs")."""
     from optuna.distributions import CategoricalDistribution
 
     from tuner.deploy import restrict

@@ -33,6 +33,7 @@ HF_PROMPT_LOOKUP_TOKENS = 10  # prompt_lookup_num_tokens: the value transformers
 HEADS = {"dflash": "none", "dspark_markov": "markov", "dspark_rnn": "rnn"}  # DSpark method -> spec.head
 HYBRIDS = {f"hybrid_{k.removeprefix('dspark_')}": v for k, v in HEADS.items()}  # DSpark + suffix, per round
 SCHEDULERS = ("verify_all", "threshold", "prefix", "async_topk", "learned")  # valid `/scheduler` suffixes
+TREES = ("request", "global", "corpus")  # suffix decoding's trees, in SuffixStats' order
 
 
 def method_params(name: str, config: EngineConfig) -> dict[str, Any]:
@@ -200,7 +201,8 @@ class Row:
     full_tokens: int = 0  # tokens those rounds committed
     mixed_s: float = 0.0  # seconds of the decode rounds that also prefilled admitted requests
     stats: GenStats | None = None  # stats of the first repeat (tau, acceptance: deterministic under greedy)
-    suffix_sources: list[int] | None = None  # suffix proposals by tree over the timed passes: own, global, corpus
+    suffix_sources: list[int] | None = None  # suffix by tree (own, global, corpus) over the timed passes:
+    # proposals [0:3], drafts verified [3:6], their accepted tokens [6:9]
     proposers: dict[str, list[int]] = field(default_factory=dict)  # a hybrid's proposer -> [drafts, proposed,
     # verified, accepted] over the timed passes
     outputs: list[list[int]] = field(default_factory=list)  # outputs of the first repeat
@@ -289,7 +291,7 @@ def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> l
             before, src = _proposer_counts(drafter), _suffix_sources(drafter)
             outs, stats = m.run(spec.prompts, spec.sampling)
             row = rows[m.name]
-            row.suffix_sources = [a + n - w for a, n, w in zip(row.suffix_sources or [0, 0, 0],
+            row.suffix_sources = [a + n - w for a, n, w in zip(row.suffix_sources or [0] * 9,
                                                               _suffix_sources(drafter), src, strict=True)]
             for who, now in _proposer_counts(drafter).items():
                 was = before.get(who, [0, 0, 0, 0])
@@ -310,10 +312,11 @@ def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> l
 
 
 def _suffix_sources(drafter: Any) -> list[int]:
-    """Suffix decoding's proposals so far by tree (the request's own, the global one, the frozen corpus), for a
-    suffix drafter or a hybrid's; zeros for others."""
+    """Suffix decoding's counts so far by tree (the request's own, the global one, the frozen corpus), for a suffix
+    drafter or a hybrid's: proposals, drafts verified, their accepted tokens; zeros for others."""
     st = getattr(getattr(drafter, "suffix", drafter), "stats", None)
-    return [getattr(st, f, 0) for f in ("from_request", "from_global", "from_corpus")]
+    return ([getattr(st, f, 0) for f in ("from_request", "from_global", "from_corpus")]
+            + list(getattr(st, "taken", [0, 0, 0])) + list(getattr(st, "accepted", [0, 0, 0])))
 
 
 def _proposer_counts(drafter: Any) -> dict[str, list[int]]:
@@ -374,7 +377,11 @@ def report(spec: BenchSpec, rows: list[Row], device: str, target: LeanModel | No
                                     "acceptance": round(a / p, 4) if p else None,
                                     "accepted_per_draft": round(a / d, 3) if d else None}
                               for who, (d, p, v, a) in r.proposers.items()}} if r.proposers else {}),
-            **({"suffix_sources": dict(zip(("request", "global", "corpus"), r.suffix_sources, strict=True))}
+            # suffix decoding by tree: its proposals, and the drafts verified (a hybrid's: those it took) with their
+            # accepted tokens
+            **({"suffix_sources": dict(zip(TREES, r.suffix_sources[:3], strict=True)),
+                "suffix_taken": {t: {"drafts": d, "accepted": a, "accepted_per_draft": round(a / d, 3) if d else None}
+                                 for t, d, a in zip(TREES, r.suffix_sources[3:6], r.suffix_sources[6:], strict=True)}}
                if r.suffix_sources and any(r.suffix_sources) else {}),
             **extra,
         })

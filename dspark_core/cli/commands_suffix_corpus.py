@@ -115,7 +115,10 @@ def build_suffix_corpus_cmd(
     if code_sequences:
         kinds.append(f"{code_sequences} {code_source} code windows of {prompt_len} tokens (training split)")
     corpus = CorpusFile(target=folder.name, dtype=dtype, prompts=f"{' + '.join(kinds)}, seed {seed}",
-                        max_new_tokens=max_new_tokens, sequences=seqs)
+                        max_new_tokens=max_new_tokens, chat_count=chat_sequences,
+                        chat_seed=seed if chat_sequences else None,
+                        chat_max_len=prompt_len if chat_sequences else None, code_count=code_sequences,
+                        code_source=code_source if code_sequences else None, sequences=seqs)
     save_corpus(path, corpus)
     index = CorpusIndex(seqs, cfg.drafter.suffix_depth)
     _emit({"out": str(path), "sequences": len(seqs), "tokens": index.tokens, "index_bytes": index.nbytes,

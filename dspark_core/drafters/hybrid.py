@@ -120,6 +120,8 @@ class HybridDrafter(Drafter):
                     probs[i, :n] = pm.probs[i, :n]  # type: ignore[index]
             if n > 0 and requests[i].gamma > 0:
                 self._took[requests[i].slot] = "suffix" if use_suffix else "dspark"
+            if not use_suffix:
+                self.suffix.not_taken(requests[i].slot)
         self.cost.drafted = any(n > 0 for n in num)
         return Proposal(tokens=tokens, num=num, probs=probs, confidence=conf, source=source)
 

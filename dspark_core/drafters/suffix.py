@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult
-from dspark_core.drafters.suffix_calibration import SuffixCalibration
+from dspark_core.drafters.suffix_calibration import GLOBAL, OWN, SuffixCalibration
 from dspark_core.drafters.suffix_corpus import CorpusIndex
 from dspark_core.drafters.suffix_tree import SuffixTree, expected_accepted
 
@@ -50,6 +50,7 @@ class Draft:
     ratios: list[float]  # the tree's frequency ratios kid.count / node.cont
     supports: list[int]  # each ratio's node.cont
     match: int  # length of the matched context suffix
+    source: int = OWN  # the tree it came from: OWN, GLOBAL or CORPUS
 
 
 @dataclass
@@ -59,6 +60,8 @@ class SuffixStats:
     from_request: int = 0  # proposals from the request's own tree
     from_global: int = 0  # proposals from the global tree of finished outputs
     from_corpus: int = 0  # proposals from the frozen corpus of the target's outputs
+    taken: list[int] = field(default_factory=lambda: [0, 0, 0])  # drafts verified, by tree (OWN, GLOBAL, CORPUS)
+    accepted: list[int] = field(default_factory=lambda: [0, 0, 0])  # their accepted tokens, by tree
 
 
 class SuffixDrafter(Drafter):
@@ -78,6 +81,7 @@ class SuffixDrafter(Drafter):
         self._cached: deque[list[int]] = deque()  # outputs in the global tree, oldest first
         self._cached_tokens = 0
         self._slots: dict[int, _Slot] = {}
+        self._src: dict[int, int] = {}  # slot -> the tree of this round's draft (credited in `update`)
         self.stats = SuffixStats()
 
     def reset(self, slot: int, prompt: list[int], hidden: torch.Tensor | None) -> None:
@@ -104,12 +108,13 @@ class SuffixDrafter(Drafter):
         self._extend(s, r.tokens[len(s.tokens):])
         return s
 
-    def draft(self, context: list[int], gamma: int, tree: SuffixTree | CorpusIndex, own: bool = False
+    def draft(self, context: list[int], gamma: int, tree: SuffixTree | CorpusIndex, source: int = GLOBAL
               ) -> Draft | None:
-        """The tree's draft for `context`: the longest matched suffix's most frequent continuation (None: no match).
-        `own`: `tree` was appended `context` itself (the request's tree), so its last nodes are the match."""
+        """The draft of `tree` (which is tree `source`: OWN, GLOBAL or CORPUS) for `context`: the longest matched
+        suffix's most frequent continuation (None: no match). The request's own tree was appended `context` itself,
+        so its last nodes are the match."""
         longest = max(1, self.depth - gamma)  # leave the tree depth for a full block
-        found = tree.match_last(longest) if own else tree.match(context, longest)
+        found = tree.match_last(longest) if source == OWN else tree.match(context, longest)
         if found is None:
             return None
         node, k = found
@@ -117,30 +122,28 @@ class SuffixDrafter(Drafter):
         toks, ratios, supports = tree.follow(node, limit, self.min_prob)
         if not toks:
             return None
-        probs = self.calibration.probs(ratios, supports, k) if self.calibration else ratios
-        return Draft(toks, probs, ratios, supports, k)
+        probs = self.calibration.probs(ratios, supports, k, source) if self.calibration else ratios
+        return Draft(toks, probs, ratios, supports, k, source)
 
-    def _best(self, context: list[int], gamma: int, trees: list[SuffixTree | CorpusIndex | None]
-              ) -> tuple[Draft | None, int]:
-        """The draft with the larger expected accepted length among the trees (None: absent), and the tree's index
-        (-1: none)."""
-        best: tuple[Draft | None, int] = (None, -1)
-        best_score = 0.0
-        for i, tree in enumerate(trees):
-            if tree is None:
-                continue
-            d = self.draft(context, gamma, tree, own=i == 0)
-            if d is not None and (score := expected_accepted(d.probs)) > best_score:
-                best, best_score = (d, i), score
-        return best
-
-    def best_draft(self, r: DraftRequest) -> tuple[Draft | None, int]:
-        """The request's tree synced to its tokens, then the best draft of its tree, the global one and the corpus,
-        and which (0 = its own, 1 = global, 2 = the corpus, -1 = none)."""
+    def drafts(self, r: DraftRequest) -> list[Draft]:
+        """The request's tree synced to its tokens, then the draft of every tree that has one for it: its own, the
+        global one, the corpus (the calibration's fit scores each; `best_draft` picks one)."""
         s = self._sync(r)
         if r.gamma <= 0:
-            return None, -1
-        return self._best(s.tokens, r.gamma, [s.tree, self.glob if self._cached else None, self.corpus])
+            return []
+        trees = (s.tree, self.glob if self._cached else None, self.corpus)
+        return [d for i, t in enumerate(trees) if t is not None
+                and (d := self.draft(s.tokens, r.gamma, t, source=i)) is not None]
+
+    def best_draft(self, r: DraftRequest) -> tuple[Draft | None, int]:
+        """The draft with the largest expected accepted length among `drafts` (None: none has one), and its tree
+        (OWN, GLOBAL, CORPUS; -1: none)."""
+        best: tuple[Draft | None, int] = (None, -1)
+        best_score = 0.0
+        for d in self.drafts(r):
+            if (score := expected_accepted(d.probs)) > best_score:
+                best, best_score = (d, d.source), score
+        return best
 
     def propose(self, requests: list[DraftRequest]) -> Proposal:
         drafts: list[tuple[list[int], list[float]]] = []
@@ -152,6 +155,8 @@ class SuffixDrafter(Drafter):
                 self.stats.from_global += 1
             elif which == 2:
                 self.stats.from_corpus += 1
+            if which >= 0:
+                self._src[r.slot] = which
             drafts.append((d.tokens, d.probs) if d is not None else ([], []))
         g = max((len(d) for d, _ in drafts), default=0)
         tokens = torch.zeros(len(requests), g, dtype=torch.long)
@@ -162,8 +167,16 @@ class SuffixDrafter(Drafter):
                 conf[i, : len(p)] = torch.tensor(p).clamp(1e-3, 1 - 1e-3)
         return Proposal(tokens=tokens, num=[len(d) for d, _ in drafts], confidence=conf)
 
+    def not_taken(self, slot: int) -> None:
+        """Another proposer's draft was verified for `slot` this round (a hybrid's): credit this one nothing."""
+        self._src.pop(slot, None)
+
     def update(self, results: list[RoundResult]) -> None:
         for res in results:  # committed tokens join the request's tree now; the next propose finds them there
+            src = self._src.pop(res.slot, None)
+            if src is not None:
+                self.stats.taken[src] += 1
+                self.stats.accepted[src] += res.accepted
             s = self._slots.get(res.slot)
             if s is not None and res.new_tokens:
                 self._extend(s, res.new_tokens)
@@ -176,6 +189,7 @@ class SuffixDrafter(Drafter):
 
     def release(self, slot: int) -> None:
         """The request ended: its output joins the global tree (oldest outputs leave past `cache_tokens`)."""
+        self._src.pop(slot, None)
         s = self._slots.pop(slot, None)
         if s is None or self.cache_tokens <= 0:
             return

@@ -3,10 +3,12 @@
 A suffix tree's ratio kid.count / node.cont is an estimate of P(next token) from a handful of occurrences: 1/1 and
 50/50 are both 1.0, and neither is what the target does. The hybrid drafter compares suffix's expected accepted
 length with DSpark's, whose confidences are STS-calibrated on measured rounds, so suffix's must be calibrated too.
-A logistic model over each drafted token's ratio, its support (node.cont), the match length and the position gives
-P(token k is accepted | the tokens before it were), fitted on offline greedy rounds (training/suffix_fit.py,
-`python cli.py calibrate-suffix`). The file keeps the fitted weights beside the rows' provenance and the error on
-rows it was not fitted on.
+A logistic model over each drafted token's ratio, its support (node.cont), the match length, the position and the
+tree it came from gives P(token k is accepted | the tokens before it were), fitted on offline greedy rounds
+(training/suffix_fit.py, `python cli.py calibrate-suffix`). The tree matters: a draft from the frozen corpus after a
+one-token match has a large support, which from the request's own text means copied text and from the corpus means
+a common phrase (a corpus draft has its own intercept and its own slope on the match length). The file keeps the
+fitted weights beside the rows' provenance and the error on rows it was not fitted on.
 """
 
 from __future__ import annotations
@@ -15,19 +17,25 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dspark_core.errors import DSparkError
 
 FILE = "suffix_calibration.json"  # shipped beside a target's committed assets
-FEATURES = ("bias", "logit_ratio", "log_support", "log_match", "position")  # one value each per drafted token
+FEATURES = ("bias", "logit_ratio", "log_support", "log_match", "position", "global", "corpus",
+            "corpus_log_match")  # one value each per drafted token
+OWN, GLOBAL, CORPUS = 0, 1, 2  # the tree a draft came from: the request's own, recent finished outputs, the corpus
 MAX_BYTES = 1 << 20  # a calibration file is a few KB
 
 
-def features(ratio: float, support: int, match: int, k: int) -> list[float]:
-    """The model's inputs for drafted token k (0-based) of a draft that followed a `match`-token suffix."""
+def features(ratio: float, support: int, match: int, k: int, source: int = OWN) -> list[float]:
+    """The model's inputs for drafted token k (0-based) of a draft from tree `source` that followed a `match`-token
+    suffix."""
     r = min(max(ratio, 1e-3), 1 - 1e-3)
-    return [1.0, math.log(r / (1 - r)), math.log1p(support), math.log1p(match), float(k)]
+    corpus = 1.0 if source == CORPUS else 0.0
+    lm = math.log1p(match)
+    return [1.0, math.log(r / (1 - r)), math.log1p(support), lm, float(k), 1.0 if source == GLOBAL else 0.0, corpus,
+            corpus * lm]
 
 
 class SuffixCalibration(BaseModel):
@@ -35,25 +43,35 @@ class SuffixCalibration(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    features: list[str] = Field(min_length=len(FEATURES), max_length=len(FEATURES))  # FEATURES, in order
-    weights: list[float] = Field(min_length=len(FEATURES), max_length=len(FEATURES))  # one per feature
+    features: list[str] = Field(min_length=1, max_length=64)  # FEATURES, in order (load_calibration checks)
+    weights: list[float] = Field(min_length=1, max_length=64)  # one per feature
     fitted_on: dict[str, Any] = Field(default_factory=dict)  # the rows: target, prompts, drafter settings, counts
     heldout: dict[str, Any] = Field(default_factory=dict)  # errors on rows not fitted on (raw ratio vs calibrated)
 
-    def prob(self, ratio: float, support: int, match: int, k: int) -> float:
+    @model_validator(mode="after")
+    def _one_weight_a_feature(self) -> SuffixCalibration:
+        if len(self.weights) != len(self.features):
+            raise ValueError(f"{len(self.weights)} weights for {len(self.features)} features")
+        return self
+
+    def prob(self, ratio: float, support: int, match: int, k: int, source: int = OWN) -> float:
         """P(accepted | the tokens before were) of one drafted token."""
-        z = sum(w * x for w, x in zip(self.weights, features(ratio, support, match, k), strict=True))
+        z = sum(w * x for w, x in zip(self.weights, features(ratio, support, match, k, source), strict=True))
         return 1.0 / (1.0 + math.exp(-max(min(z, 40.0), -40.0)))
 
-    def probs(self, ratios: list[float], supports: list[int], match: int) -> list[float]:
+    def probs(self, ratios: list[float], supports: list[int], match: int, source: int = OWN) -> list[float]:
         """Calibrated probabilities of a whole draft: `prob` of each token, the same sums in the same order, with
-        the match's term taken once (every request's draft from every tree goes through here, every round)."""
-        wb, wr, ws, wm, wk = self.weights
+        the match's and the tree's terms taken once (every request's draft from every tree goes through here, every
+        round)."""
+        wb, wr, ws, wm, wk, wg, wc, wcm = self.weights
         lm = math.log1p(match)
+        g = 1.0 if source == GLOBAL else 0.0
+        c = 1.0 if source == CORPUS else 0.0
         out = []
         for k, (r, s) in enumerate(zip(ratios, supports, strict=True)):
             r = min(max(r, 1e-3), 1 - 1e-3)
-            z = wb * 1.0 + wr * math.log(r / (1 - r)) + ws * math.log1p(s) + wm * lm + wk * float(k)
+            z = (wb * 1.0 + wr * math.log(r / (1 - r)) + ws * math.log1p(s) + wm * lm + wk * float(k) + wg * g
+                 + wc * c + wcm * (c * lm))
             out.append(1.0 / (1.0 + math.exp(-max(min(z, 40.0), -40.0))))
         return out
 

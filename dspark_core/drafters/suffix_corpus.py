@@ -185,6 +185,11 @@ class CorpusFile(BaseModel):
     dtype: str  # its precision while generating
     prompts: str  # which prompts (a training split, never the held-out benchmark's)
     max_new_tokens: int = Field(ge=1)  # tokens a continuation could reach
+    chat_count: int = Field(0, ge=0)  # chat prompts continued: chat_prompts.yaml's training split, drawn by
+    chat_seed: int | None = None  # this seed, of at most
+    chat_max_len: int | None = Field(None, ge=1)  # this many tokens (calibrate-suffix leaves these prompts out)
+    code_count: int = Field(0, ge=0)  # code windows continued, from
+    code_source: str | None = None  # this source of training_data/code_sources.py
     sequences: list[list[int]] = Field(max_length=1 << 20)  # each output's token ids (the prompt is not kept)
 
 
@@ -193,8 +198,8 @@ def save_corpus(path: Path, corpus: CorpusFile) -> Path:
     return atomic_write_text(path, corpus.model_dump_json())
 
 
-def load_corpus(path: Path, depth: int, vocab: int) -> CorpusIndex:
-    """Read, check and index a corpus file; any problem is one DSparkError line naming the file."""
+def read_corpus(path: Path, vocab: int) -> CorpusFile:
+    """Read and check a corpus file; any problem is one DSparkError line naming the file."""
     try:
         raw = read_capped(path, MAX_BYTES, "suffix corpus")
         corpus = CorpusFile.model_validate_json(raw)
@@ -206,4 +211,9 @@ def load_corpus(path: Path, depth: int, vocab: int) -> CorpusIndex:
     if bad is not None:
         raise DSparkError(f"{path}: token id {bad} is outside the target's vocabulary ({vocab}); was it built for "
                           f"another model? (it names {corpus.target!r})")
-    return CorpusIndex(corpus.sequences, depth)
+    return corpus
+
+
+def load_corpus(path: Path, depth: int, vocab: int) -> CorpusIndex:
+    """Read, check and index a corpus file."""
+    return CorpusIndex(read_corpus(path, vocab).sequences, depth)

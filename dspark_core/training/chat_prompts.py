@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from functools import cache
 from pathlib import Path
 
@@ -40,11 +40,12 @@ def is_heldout_text(text: str) -> bool:
 
 
 def chat_prompts(encode: Callable[[str], list[int]], count: int, *, max_len: int, seed: int,
-                 heldout: bool) -> list[list[int]]:
-    """`count` ChatML prompts of at most `max_len` tokens from the training (or held-out) split, drawn with
-    replacement once the split is used up (a prompt's sampled continuations then differ)."""
+                 heldout: bool, exclude: Collection[tuple[int, ...]] = ()) -> list[list[int]]:
+    """`count` ChatML prompts of at most `max_len` tokens from the training (or held-out) split, none of `exclude`
+    (e.g. a suffix corpus's own prompts), drawn with replacement once the split is used up (a prompt's sampled
+    continuations then differ)."""
     texts = [t for t in chat_texts() if is_heldout_text(t) == heldout]
-    ids = [p for p in (encode(TURN.format(text=t)) for t in texts) if len(p) <= max_len]
+    ids = [p for p in (encode(TURN.format(text=t)) for t in texts) if len(p) <= max_len and tuple(p) not in exclude]
     if not ids:
         split = "held-out" if heldout else "training"
         raise DSparkError(f"no chat prompt of the {split} split fits in {max_len} tokens; raise --prompt-len")

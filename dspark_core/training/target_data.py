@@ -10,7 +10,7 @@ prompt anchors).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,9 +70,10 @@ def target_data(target: LeanModel, target_path: Path, *, sequences: int, prompt_
 def target_rows(target: LeanModel, target_path: Path, *, sequences: int, prompt_len: int, gen_len: int,
                 greedy_fraction: float, temperature: float, seed: int, heldout: bool,
                 chat_fraction: float = 0.0, code_source: str = "stdlib", def_fraction: float = 0.0,
-                on_rows: Callable[[int], None] | None = None) -> tuple[TrainData, list[int]]:
+                on_rows: Callable[[int], None] | None = None, chat_exclude: Collection[tuple[int, ...]] = ()
+                ) -> tuple[TrainData, list[int]]:
     """`target_data`, and each row's own prompt length (a chat prompt is shorter than `prompt_len`); `on_rows(n)`
-    as each chunk of n rows is written."""
+    as each chunk of n rows is written; no chat prompt of `chat_exclude`."""
     n_chat = round(chat_fraction * sequences)
     rows, starts = [], []
     if n_chat < sequences:
@@ -87,7 +88,8 @@ def target_rows(target: LeanModel, target_path: Path, *, sequences: int, prompt_
 
         enc = Tokenizer.load(target_path).encode
         by_len: dict[int, list[list[int]]] = defaultdict(list)  # a batch shares its prompt length
-        for p in chat_prompts(enc, n_chat, max_len=prompt_len - 1, seed=seed, heldout=heldout):
+        for p in chat_prompts(enc, n_chat, max_len=prompt_len - 1, seed=seed, heldout=heldout,
+                              exclude=chat_exclude):
             by_len[len(p)].append(p)
         for n, group in sorted(by_len.items()):
             rows.append(_continue(target, torch.tensor(group), prompt_len + gen_len - n, greedy_fraction, temperature,

@@ -80,7 +80,7 @@ def test_method_suffixes_set_the_scheduler_and_the_block() -> None:
     assert method_params("suffix/prefix~nocorpus", cfg) == {"drafter.method": "suffix", "spec.scheduler": "prefix",
                                                            "drafter.suffix_corpus": "none"}
     assert method_params("hybrid_markov/prefix~corpus", cfg)["drafter.suffix_corpus"] == "auto"
-    assert "drafter.suffix_corpus" not in method_params("suffix", cfg)  # the config's (none unless it says)
+    assert "drafter.suffix_corpus" not in method_params("suffix", cfg)  # the config's (auto unless it says)
     for bad, why in (("ngram%0", "DSpark and hybrid"), ("dspark_markov%0/prefix", "token count"),
                      ("ngram~corpus", "a ~ suffix"), ("suffix~cold", "a ~ suffix")):
         with pytest.raises(DSparkError, match=why):
@@ -113,3 +113,10 @@ def test_bench_counts_a_hybrids_rounds_per_proposer(tmp_path: Path, capsys: pyte
     for name in ("suffix", "hybrid_markov"):
         src = rows[name].get("suffix_sources", {"request": 0, "global": 0, "corpus": 0})
         assert src["corpus"] == 0 and src["request"] + src["global"] >= counts["suffix"]["drafts"] * (name != "suffix")
+        taken = rows[name].get("suffix_taken")
+        if taken is not None:  # the drafts verified by tree: a hybrid's are the rounds it took suffix's
+            drafts = sum(t["drafts"] for t in taken.values())
+            assert drafts == (counts["suffix"]["drafts"] if name != "suffix" else drafts)
+            assert all(t["drafts"] <= src[k] for k, t in taken.items())
+            if name != "suffix":
+                assert sum(t["accepted"] for t in taken.values()) == counts["suffix"]["accepted"]

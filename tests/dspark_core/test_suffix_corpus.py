@@ -109,6 +109,7 @@ def test_build_command_writes_a_corpus_and_leaves_a_foreign_file_alone(tmp_path:
     report = json.loads(capsys.readouterr().out)
     corpus = CorpusFile.model_validate_json(out.read_bytes())
     assert report["sequences"] == len(corpus.sequences) == 2 and "training split" in corpus.prompts
+    assert corpus.chat_count == 2 and corpus.chat_seed is not None and corpus.chat_max_len  # calibrate-suffix reads
     assert main([*common, "--out", str(out)]) == 0  # its own file: rebuilt in place
     for too_much, why in ((["--chat-sequences", "65536", "--max-new-tokens", "4096"], "over the"),
                           (["--code-sequences", "1", "--code-source", "web"], "not one of")):

@@ -134,7 +134,7 @@ def test_a_measured_study_compares_the_methods_at_their_measured_settings_and_bl
 
 
 def test_a_target_with_a_committed_suffix_corpus_searches_suffix_with_and_without_it(monkeypatch):
-    """From without (cold, as vLLM's suffix starts), moved only from a point whose method drafts with suffix."""
+    """From with it (the engine's default), moved only from a point whose method drafts with suffix."""
     from pathlib import Path
 
     from tuner import bundled_methods
@@ -148,8 +148,8 @@ def test_a_target_with_a_committed_suffix_corpus_searches_suffix_with_and_withou
     spec = StudySpec(profile=prof.model_dump(mode="json"), plan=match_profile([], prof).model_dump(mode="json"),
                      mode="measure", deploy="dspark")
     space = spec.space()
-    assert tuple(space.distributions["drafter.suffix_corpus"].choices) == ("none", "auto")
-    assert start_point(space)["drafter.suffix_corpus"] == "none"
+    assert tuple(space.distributions["drafter.suffix_corpus"].choices) == ("auto", "none")
+    assert start_point(space)["drafter.suffix_corpus"] == "auto"
     assert space.reads["drafter.suffix_corpus"] == ("suffix", "hybrid")
 
 
