@@ -68,8 +68,9 @@ class SpecSection(_Section):
     sts_path: str | None = None  # SGLang DSparkStsCalibration JSON (confidence temperatures)
     policy_path: str | None = None  # learned scheduler's policy JSON (`train-policy`); required by scheduler=learned
     round_log: str | None = None  # JSONL file each speculative round is appended to (`train-policy` reads it)
-    # block per round: block_size; the learned pick in 0..it; or a seeded uniform draw in 0..it (explore: logging
-    # for train-gamma-policy, every block length on the same traffic, interleaved round by round)
+    # block per round: block_size; the learned pick in 0..it (the DSpark drafter's rounds: `learned_gamma`); or a
+    # seeded uniform draw in 0..it (explore: logging for train-gamma-policy, every block length on the same traffic,
+    # interleaved round by round)
     gamma_policy: Literal["static", "learned", "explore"] = "static"
     gamma_policy_path: str | None = None  # learned block-length policy JSON (`train-gamma-policy`)
 
@@ -151,6 +152,18 @@ class EngineConfig(_Section):
     kernel: dict[str, dict[str, int]] = Field(default_factory=dict)  # kernel.<name>.<knob> Triton configs
     kernel_file: str | None = None  # kernels.json of tune-kernels winners (relative to dspark.yaml)
     sampling: SamplingParams = Field(default_factory=SamplingParams)  # default sampling of `generate`
+
+
+GAMMA_POLICY_METHODS = ("dspark",)  # the drafters a learned block-length policy models (what it is fitted on)
+
+
+def learned_gamma(config: EngineConfig) -> bool:
+    """Whether the learned block-length policy picks each round's block: `spec.gamma_policy: learned` with the DSpark
+    drafter. Its acceptance model and its drafting cost are fitted on the DSpark drafter's logged rounds
+    (`train-gamma-policy`); n-gram's, suffix's and the hybrid's drafts and costs are not what it models (a measured
+    study that carried it to them read suffix 83 and the hybrid 80 tok/s against 91 and 109 at the static block:
+    benchmarks/RESULTS.md), so they draft the static block."""
+    return config.spec.gamma_policy == "learned" and config.drafter.method in GAMMA_POLICY_METHODS
 
 
 def drafter_path(config: EngineConfig, method: str | None = None) -> str | None:

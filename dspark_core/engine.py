@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dspark_core.config import HOT_SPEC, EngineConfig, SpecSection, apply_params
+from dspark_core.config import HOT_SPEC, EngineConfig, SpecSection, apply_params, learned_gamma
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult, VerifyScheduler
 from dspark_core.engine_parts import build_scheduler, install_kernel_configs, kv_dtype, step_sizes
 from dspark_core.errors import DSparkError, EngineBusy
@@ -141,7 +141,7 @@ class Engine:
         self.scheduler = scheduler
         if hasattr(self.drafter, "want_entropy"):  # a feature of the learned scheduler and of the round log
             self.drafter.want_entropy = bool(getattr(scheduler, "reads_entropy", False))  # type: ignore[union-attr]
-        if hasattr(scheduler, "classes") and (c.spec.gamma_policy == "learned" or c.spec.round_log):
+        if hasattr(scheduler, "classes") and (learned_gamma(c) or c.spec.round_log):
             from dspark_core.verification.gamma_policy import TokenClasses
 
             if self.tokenizer is not None:  # the gamma policy's token-class features (none without a tokenizer)

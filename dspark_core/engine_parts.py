@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dspark_core.config import EngineConfig
+from dspark_core.config import EngineConfig, learned_gamma
 from dspark_core.drafters.base import VerifyAll, VerifyScheduler
 from dspark_core.errors import DSparkError
 
@@ -45,7 +45,7 @@ def build_scheduler(config: EngineConfig, target: LeanModel, cache: KVCache | No
     engine's own compiled steps."""
     spec = config.spec
     if spec.scheduler == "verify_all" and not spec.adaptive_gamma and spec.fallback_acceptance == 0.0 \
-            and spec.round_log is None and spec.gamma_policy == "static":
+            and spec.round_log is None and spec.gamma_policy != "explore" and not learned_gamma(config):
         return VerifyAll()  # nothing to regulate: every request drafts and verifies the full block
     from dspark_core.verification.verify_scheduler import build_verify_scheduler
 

@@ -14,6 +14,7 @@ other methods at their measured settings. The screen moves a drafter's knob only
 
 from __future__ import annotations
 
+from dspark_core.config import GAMMA_POLICY_METHODS
 from kb.match import FixedEntry, Plan
 from tuner.engine_config import BUNDLED_METHODS
 from tuner.space import SearchSpace
@@ -27,9 +28,11 @@ SUFFIX_CORPORA = ("auto", "none")  # drafter.suffix_corpus: the target's committ
 DRAFTING = tuple(m for m in BUNDLED_METHODS if m != "plain")  # the methods that draft, verify and so read a block
 READS = {"drafter.suffix_spec_factor": ("suffix", "hybrid"), "drafter.suffix_min_prob": ("suffix", "hybrid"),
          "drafter.suffix_corpus": ("suffix", "hybrid"), "spec.head": ("dspark", "hybrid"),
-         "spec.block_size": DRAFTING, "spec.scheduler": DRAFTING}
+         "spec.block_size": DRAFTING, "spec.scheduler": DRAFTING,
+         "spec.gamma_policy": GAMMA_POLICY_METHODS}
 # the methods whose drafter reads each knob: moving it elsewhere is inert (a study that starts at plain screened
-# three blocks there before it moved the method: RESULTS.md, "Suffix decoding from a frozen corpus")
+# three blocks there before it moved the method: RESULTS.md, "Suffix decoding from a frozen corpus"; the learned
+# block length is the DSpark drafter's alone: dspark_core/config.learned_gamma)
 
 
 def measured_space(space: SearchSpace, deploy: str | None, plan: Plan | None = None,

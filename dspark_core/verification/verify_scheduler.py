@@ -431,17 +431,19 @@ def build_verify_scheduler(config: EngineConfig, target: LeanModel, sps: SpsTabl
                            cache: KVCache | None = None, hidden_layers: tuple[int, ...] = ()) -> EngineScheduler:
     """The engine's scheduler for `config.spec` (entry point used by engine_parts.build_scheduler); `cache` and
     `hidden_layers`: the engine's idle KV cache and its drafter's layers, for a compiled target's SPS probes."""
+    from dspark_core.config import learned_gamma
+
     spec = config.spec
     reg = GammaRegulator(RegulatorConfig(gamma_min=1, gamma_max=spec.block_size, adaptive=spec.adaptive_gamma,
                                          fallback_floor=spec.fallback_acceptance))
     if spec.scheduler == "learned" and not spec.policy_path:
         raise DSparkError("spec.scheduler is 'learned' but spec.policy_path is empty; train a policy with "
                           "`python cli.py train-policy` and set spec.policy_path to its JSON")
-    if spec.gamma_policy == "learned" and not spec.gamma_policy_path:
+    learned = learned_gamma(config)
+    if learned and not spec.gamma_policy_path:
         raise DSparkError("spec.gamma_policy is 'learned' but spec.gamma_policy_path is empty; train a policy with "
                           "`python cli.py train-gamma-policy` and set spec.gamma_policy_path to its JSON")
-    gamma_policy = GammaPolicyFile.load(spec.gamma_policy_path) \
-        if spec.gamma_policy == "learned" and spec.gamma_policy_path else None
+    gamma_policy = GammaPolicyFile.load(spec.gamma_policy_path) if learned and spec.gamma_policy_path else None
     logging = spec.round_log is not None
     dense = dense_sizes(target)  # a compiled target's step sizes: its steps run dense
     grid = None  # where its verify steps run packed: what each grid costs by its real tokens

@@ -203,3 +203,20 @@ def test_explore_logs_every_block_length_and_stays_lossless(target, tmp_path) ->
     assert [o.token_ids for o in eng.generate(PROMPTS, SP).outputs] == plain
     blocks = {max(r.drafted) for r in read_log(log)[1]}
     assert 0 in blocks and 6 in blocks and len(blocks) >= 4, blocks  # plain steps and blocks in 1..6, one log
+
+
+def test_the_learned_block_length_is_the_dspark_drafters_alone(target, tmp_path) -> None:
+    """The policy is fitted on the DSpark drafter's rounds: with another drafter `learned` is inert (the static block,
+    no policy file read, none needed), with DSpark it picks the blocks."""
+    from dspark_core.config import learned_gamma
+    from dspark_core.drafters.base import VerifyAll
+    from dspark_core.engine_parts import build_scheduler
+
+    path = _policy([0.0] * 6, _cost(), gamma_max=6).save(tmp_path / "gamma.json")
+    for method in ("ngram", "suffix", "hybrid"):
+        cfg = engine_config(block=6, max_requests=1, method=method)
+        cfg.spec.gamma_policy = "learned"  # no path: not read, so no error
+        assert not learned_gamma(cfg) and isinstance(build_scheduler(cfg, target), VerifyAll)
+    cfg = engine_config(block=6, max_requests=1, method="dspark")
+    cfg.spec.gamma_policy, cfg.spec.gamma_policy_path = "learned", str(path)
+    assert learned_gamma(cfg) and build_verify_scheduler(cfg, target, sps=SPS).gamma_policy is not None

@@ -151,6 +151,7 @@ def test_a_target_with_a_committed_suffix_corpus_searches_suffix_with_and_withou
     assert tuple(space.distributions["drafter.suffix_corpus"].choices) == ("auto", "none")
     assert start_point(space)["drafter.suffix_corpus"] == "auto"
     assert space.reads["drafter.suffix_corpus"] == ("suffix", "hybrid")
+    assert bundled_methods.READS["spec.gamma_policy"] == ("dspark",)  # the DSpark drafter's policy alone
 
 
 def test_a_cpu_measured_study_defaults_to_the_bundled_engine():
