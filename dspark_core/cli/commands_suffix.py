@@ -116,7 +116,7 @@ def _corpus(choice: str, folder: Path, vocab: int, depth: int
     if path is None:
         return None, set(), "none"
     c = read_corpus(path, vocab)
-    if c.chat_count and (c.chat_seed is None or c.chat_max_len is None) or c.code_count and c.code_source is None:
+    if (c.chat_count and (c.chat_seed is None or c.chat_max_len is None)) or (c.code_count and c.code_source is None):
         raise DSparkError(f"{path}: the corpus does not record which prompts it continued, so the calibration cannot "
                           "leave them out; rebuild it with `python cli.py build-suffix-corpus` or pass --corpus none")
     if c.code_count and c.code_source == "stdlib":

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dspark_core.drafters.base import Drafter, DraftRequest, Proposal, RoundResult
-from dspark_core.drafters.suffix_calibration import GLOBAL, OWN, SuffixCalibration
+from dspark_core.drafters.suffix_calibration import OWN, SuffixCalibration
 from dspark_core.drafters.suffix_corpus import CorpusIndex
 from dspark_core.drafters.suffix_tree import SuffixTree, expected_accepted
 
@@ -108,8 +108,7 @@ class SuffixDrafter(Drafter):
         self._extend(s, r.tokens[len(s.tokens):])
         return s
 
-    def draft(self, context: list[int], gamma: int, tree: SuffixTree | CorpusIndex, source: int = GLOBAL
-              ) -> Draft | None:
+    def draft(self, context: list[int], gamma: int, tree: SuffixTree | CorpusIndex, source: int) -> Draft | None:
         """The draft of `tree` (which is tree `source`: OWN, GLOBAL or CORPUS) for `context`: the longest matched
         suffix's most frequent continuation (None: no match). The request's own tree was appended `context` itself,
         so its last nodes are the match."""

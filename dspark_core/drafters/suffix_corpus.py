@@ -189,7 +189,7 @@ class CorpusFile(BaseModel):
     chat_seed: int | None = None  # this seed, of at most
     chat_max_len: int | None = Field(None, ge=1)  # this many tokens (calibrate-suffix leaves these prompts out)
     code_count: int = Field(0, ge=0)  # code windows continued, from
-    code_source: str | None = None  # this source of training_data/code_sources.py
+    code_source: str | None = None  # this source (dspark_core/training/code_sources.py)
     sequences: list[list[int]] = Field(max_length=1 << 20)  # each output's token ids (the prompt is not kept)
 
 
