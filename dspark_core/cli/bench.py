@@ -314,9 +314,12 @@ def run_bench(spec: BenchSpec, methods: list[Method], progress: Any = None) -> l
 def _suffix_sources(drafter: Any) -> list[int]:
     """Suffix decoding's counts so far by tree (the request's own, the global one, the frozen corpus), for a suffix
     drafter or a hybrid's: proposals, drafts verified, their accepted tokens; zeros for others."""
-    st = getattr(getattr(drafter, "suffix", drafter), "stats", None)
-    return ([getattr(st, f, 0) for f in ("from_request", "from_global", "from_corpus")]
-            + list(getattr(st, "taken", [0, 0, 0])) + list(getattr(st, "accepted", [0, 0, 0])))
+    from dspark_core.drafters.suffix import suffix_stats
+
+    st = suffix_stats(drafter)
+    if st is None:
+        return [0] * 9
+    return [st.from_request, st.from_global, st.from_corpus, *st.taken, *st.accepted]
 
 
 def _proposer_counts(drafter: Any) -> dict[str, list[int]]:

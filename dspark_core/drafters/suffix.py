@@ -204,6 +204,12 @@ class SuffixDrafter(Drafter):
             self._cached_tokens -= len(old)
 
 
+def suffix_stats(drafter: object) -> SuffixStats | None:
+    """The counts of a suffix drafter, or of a hybrid's suffix proposer; None for other drafters."""
+    st = getattr(getattr(drafter, "suffix", drafter), "stats", None)
+    return st if isinstance(st, SuffixStats) else None
+
+
 def suffix_calibration(config) -> SuffixCalibration | None:  # noqa: ANN001 - EngineConfig
     """`drafter.suffix_calibration`: a file, `none`, or `auto` (the target's committed file when it has one)."""
     from dspark_core.config import committed_file

@@ -199,6 +199,8 @@ class Driver:
                                 [n - (att[k] if k < len(att) else 0) for k, n in enumerate(st.pos_attempts)])
         self._seen = (list(st.pos_accepts), list(st.pos_attempts))
         if self.metrics:
+            from dspark_core.drafters.suffix import suffix_stats
+
             block = eng.config.spec.block_size if eng.drafter else 0
             sps = self.batcher.sps if self.batcher is not None else None
             steps = st.steps - self._steps
@@ -207,7 +209,7 @@ class Driver:
                                      self.batcher.switches if self.batcher else 0,
                                      sps((st.verify_tokens - self._verified) // steps) if sps and steps else None,
                                      eng.admit_cap if eng.admit_cap is not None else eng.config.batch.max_requests,
-                                     getattr(eng.drafter, "proposers", None))
+                                     getattr(eng.drafter, "proposers", None), suffix_stats(eng.drafter))
         self._steps, self._verified = st.steps, st.verify_tokens
 
     def _take(self, block: bool, timeout: float = 0.05) -> None:

@@ -7,23 +7,29 @@ end latency, admission rejections, and the speculative counters (drafts, drafted
 accepted per position). SGLang's DSpark gauges keep its names (tau and the verify window of the last step). DSpark's
 own signals are `dspark:*`: drafter against verify time, the SPS table at the current load, the engine-wide block
 length, tokens the drafter proposed (the scheduler verifies a prefix of them), the attempts behind each position's
-acceptance, target forwards and the tokens they verified, and, for the hybrid drafter, each proposer's drafts and
-tokens (`dspark:spec_decode_proposer_*{proposer=suffix|dspark}`)."""
+acceptance, target forwards and the tokens they verified, for the hybrid drafter each proposer's drafts and tokens
+(`dspark:spec_decode_proposer_*{proposer=suffix|dspark}`), and for suffix decoding (alone or in the hybrid) its
+verified drafts and their accepted tokens by tree (`dspark:suffix_tree_*{tree=request|global|corpus}`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dspark_core.drafters.base import ProposerCount
 from dspark_core.stats import GenStats
 
+if TYPE_CHECKING:
+    from dspark_core.drafters.suffix import SuffixStats
+
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                    20.0, 40.0, 80.0, 160.0)  # seconds, vLLM's TTFT buckets
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
                80.0)  # seconds, vLLM's inter-token buckets
 MAX_POSITIONS = 16  # the largest block the engine drafts
+TREES = ("request", "global", "corpus")  # suffix decoding's trees, in SuffixStats' order
 
 
 @dataclass
@@ -116,6 +122,12 @@ class Metrics:
                                        ("verified_tokens", "Of each proposer's draft tokens, those verified."),
                                        ("accepted_tokens", "Of each proposer's draft tokens, those accepted."))}
         self._seen_by: dict[str, tuple[int, int, int, int]] = {}
+        self._trees = {key: Counter(f"dspark:suffix_tree_{key}", help_, names + ["tree"], registry=r)
+                       for key, help_ in (("drafts", "Suffix decoding's drafts verified, by the tree they came from "
+                                           "(the request's own, the global one of finished outputs, the frozen "
+                                           "corpus)."),
+                                          ("accepted_tokens", "Their accepted tokens, by tree."))}
+        self._seen_trees: list[int] = [0] * 6
         self._seen = _Seen()
 
     def finished(self, reason: str, ttft_s: float | None, latency_s: float | None, tokens: int) -> None:
@@ -137,8 +149,14 @@ class Metrics:
 
     def engine_step(self, stats: GenStats, running: int, waiting: int, block: int = 0, switches: int = 0,
                     sps: float | None = None, cap: int | None = None,
-                    proposers: dict[str, ProposerCount] | None = None) -> None:
-        """Add what the engine counted since the previous call (and a combined drafter's per-proposer counts)."""
+                    proposers: dict[str, ProposerCount] | None = None, trees: SuffixStats | None = None) -> None:
+        """Add what the engine counted since the previous call (and a combined drafter's per-proposer counts, and
+        suffix decoding's per-tree ones)."""
+        if trees is not None:
+            now = [*trees.taken, *trees.accepted]
+            for i, (n, m) in enumerate(zip(now, self._seen_trees, strict=True)):
+                self._trees["drafts" if i < 3 else "accepted_tokens"].labels(*self._lv, TREES[i % 3]).inc(max(0, n - m))
+            self._seen_trees = now
         for name, c in (proposers or {}).items():
             now = (c.drafts, c.proposed, c.verified, c.accepted)
             was = self._seen_by.get(name, (0, 0, 0, 0))

@@ -72,6 +72,30 @@ def test_metrics_count_each_proposer() -> None:
     assert got[("dspark:spec_decode_proposer_draft_tokens_total", "dspark")] == 8
 
 
+
+def test_metrics_count_suffix_drafts_by_tree() -> None:
+    """/metrics: `dspark:suffix_tree_*{tree}` grow by the verified drafts and accepted tokens of each suffix tree."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from dspark_core.drafters.suffix import SuffixStats, suffix_stats
+    from dspark_core.serving.metrics import Metrics
+    from dspark_core.stats import GenStats
+
+    m = Metrics("target")
+    st = SuffixStats(taken=[4, 1, 2], accepted=[9, 0, 1])
+    m.engine_step(GenStats(), 1, 0, trees=st)
+    st.taken[2], st.accepted[2] = 6, 4
+    m.engine_step(GenStats(), 1, 0, trees=st)
+    got = {(s.name, s.labels["tree"]): s.value for fam in text_string_to_metric_families(
+        generate_latest(m.registry).decode()) for s in fam.samples if "tree" in s.labels and s.name.endswith("_total")}
+    assert got[("dspark:suffix_tree_drafts_total", "corpus")] == 6
+    assert got[("dspark:suffix_tree_accepted_tokens_total", "corpus")] == 4
+    assert got[("dspark:suffix_tree_drafts_total", "request")] == 4
+    assert got[("dspark:suffix_tree_accepted_tokens_total", "global")] == 0
+    assert suffix_stats(SuffixDrafter()) is not None and suffix_stats(object()) is None
+
+
 def test_hybrid_sampled_output_follows_the_target() -> None:
     target = random_model(5, vocab=6)
     drafter = HybridDrafter(random_drafter(target, block=3), SuffixDrafter(min_prob=0.0))
