@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dspark_core.config import EngineConfig, apply_params, drafter_path
+from dspark_core.drafters.suffix_calibration import TREES
 from dspark_core.errors import DSparkError
 from dspark_core.stats import GenStats
 from dspark_core.verification.sampling import SamplingParams
@@ -33,7 +34,6 @@ HF_PROMPT_LOOKUP_TOKENS = 10  # prompt_lookup_num_tokens: the value transformers
 HEADS = {"dflash": "none", "dspark_markov": "markov", "dspark_rnn": "rnn"}  # DSpark method -> spec.head
 HYBRIDS = {f"hybrid_{k.removeprefix('dspark_')}": v for k, v in HEADS.items()}  # DSpark + suffix, per round
 SCHEDULERS = ("verify_all", "threshold", "prefix", "async_topk", "learned")  # valid `/scheduler` suffixes
-TREES = ("request", "global", "corpus")  # suffix decoding's trees, in SuffixStats' order
 
 
 def method_params(name: str, config: EngineConfig) -> dict[str, Any]:

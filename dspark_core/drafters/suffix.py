@@ -135,14 +135,9 @@ class SuffixDrafter(Drafter):
                 and (d := self.draft(s.tokens, r.gamma, t, source=i)) is not None]
 
     def best_draft(self, r: DraftRequest) -> tuple[Draft | None, int]:
-        """The draft with the largest expected accepted length among `drafts` (None: none has one), and its tree
-        (OWN, GLOBAL, CORPUS; -1: none)."""
-        best: tuple[Draft | None, int] = (None, -1)
-        best_score = 0.0
-        for d in self.drafts(r):
-            if (score := expected_accepted(d.probs)) > best_score:
-                best, best_score = (d, d.source), score
-        return best
+        """`best_of(drafts(r))`, and its tree (OWN, GLOBAL, CORPUS; -1: none)."""
+        d = best_of(self.drafts(r))
+        return d, d.source if d is not None else -1
 
     def propose(self, requests: list[DraftRequest]) -> Proposal:
         drafts: list[tuple[list[int], list[float]]] = []
@@ -202,6 +197,15 @@ class SuffixDrafter(Drafter):
             old = self._cached.popleft()
             self.glob.remove(old)
             self._cached_tokens -= len(old)
+
+
+def best_of(drafts: list[Draft]) -> Draft | None:
+    """The draft with the largest expected accepted length (None: none expects any)."""
+    best, best_score = None, 0.0
+    for d in drafts:
+        if (score := expected_accepted(d.probs)) > best_score:
+            best, best_score = d, score
+    return best
 
 
 def suffix_stats(drafter: object) -> SuffixStats | None:

@@ -25,6 +25,7 @@ FILE = "suffix_calibration.json"  # shipped beside a target's committed assets
 FEATURES = ("bias", "logit_ratio", "log_support", "log_match", "position", "global", "corpus",
             "corpus_log_match")  # one value each per drafted token
 OWN, GLOBAL, CORPUS = 0, 1, 2  # the tree a draft came from: the request's own, recent finished outputs, the corpus
+TREES = ("request", "global", "corpus")  # their names in bench JSON and /metrics, in that order
 MAX_BYTES = 1 << 20  # a calibration file is a few KB
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dspark_core.drafters.base import ProposerCount
+from dspark_core.drafters.suffix_calibration import TREES
 from dspark_core.stats import GenStats
 
 if TYPE_CHECKING:
@@ -29,7 +30,6 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
                80.0)  # seconds, vLLM's inter-token buckets
 MAX_POSITIONS = 16  # the largest block the engine drafts
-TREES = ("request", "global", "corpus")  # suffix decoding's trees, in SuffixStats' order
 
 
 @dataclass

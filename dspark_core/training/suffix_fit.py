@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from dspark_core.drafters.base import DraftRequest, RoundResult
-from dspark_core.drafters.suffix import SuffixDrafter
+from dspark_core.drafters.suffix import SuffixDrafter, best_of
 from dspark_core.drafters.suffix_calibration import FEATURES, SuffixCalibration, features
 from dspark_core.drafters.suffix_tree import expected_accepted
 from dspark_core.verification.sampling import SamplingParams
@@ -61,8 +61,9 @@ def suffix_rounds(seqs: list[tuple[list[int], int]], drafter: SuffixDrafter, gam
         while p < len(toks):
             g = min(gamma, len(toks) - p - 1)
             req = DraftRequest(slot=0, tokens=toks[:p], gamma=g, sampling=greedy, prompt_len=plen)
-            d, _ = drafter.best_draft(req)
-            for e in drafter.drafts(req) if d is not None else ():
+            every = drafter.drafts(req)
+            d = best_of(every)
+            for e in every if d is not None else ():
                 a = _accepted(e.tokens, toks, p)
                 for k in range(min(a + 1, len(e.tokens))):  # reached: every token up to the first rejection
                     rows.x.append(features(e.ratios[k], e.supports[k], e.match, k, e.source))
