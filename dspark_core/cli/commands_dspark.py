@@ -127,6 +127,9 @@ def train_drafter_cmd(
     state_dir: Annotated[Path | None, typer.Option(help="Checkpoints (in <dir>/<head>) + the target's cached data, "
                                                    "shared by the heads (default: user cache).")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Ignore a previous run's checkpoint.")] = False,
+    init_from: Annotated[Path | None, typer.Option(help="Start from this drafter's weights (a new schedule of "
+                                                   "--steps on this run's data) where no checkpoint is in "
+                                                   "--state-dir; its shape must be this command's.")] = None,
     max_minutes: Annotated[float, typer.Option(min=0.0, help="Stop training after this long (0 = no limit); "
                                                "a rerun resumes.")] = 0.0,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "cpu",
@@ -153,6 +156,7 @@ def train_drafter_cmd(
         evaluate_acceptance,
         load_state,
         train_drafter,
+        warm_start,
     )
 
     if head not in HEADS:
@@ -193,6 +197,7 @@ def train_drafter_cmd(
             raise DSparkError(f"{state_file} was trained with other settings: {diff}; rerun with those, "
                               "or pass --fresh or another --state-dir")
     tgt = _load_target(target, device, dtype)
+    init = None if init_from is None or state_file.is_file() else warm_start(init_from, tgt, cfg)
     data_file = root / DATA_FILE  # shared by the heads: one generation and one pass of the target for all
     layers = tuple(DraftConfig.for_target(tgt.arch).target_layers)
     meta = dict(sequences=sequences, prompt_len=prompt_len, gen_len=gen_len, greedy_fraction=greedy_fraction,
@@ -252,7 +257,7 @@ def train_drafter_cmd(
         deadline = time.time() + 60 * max_minutes if max_minutes > 0 else None
         recipe = {k: v for k, v in meta.items() if k not in ("target", "layers")}  # no local path in a config
         model = train_drafter(tgt, data, cfg, folder, on_step=on_step, state_dir=work, deadline=deadline,
-                              on_eval=curve.point, eval_every=eval_every, data_recipe=recipe)
+                              on_eval=curve.point, eval_every=eval_every, data_recipe=recipe, init=init)
     from dspark_core.cli.commands_vocab import write_ranking
 
     write_ranking(folder, data.tokens, data.prompt_len, model.cfg.vocab_size, meta)  # its reduced draft vocabulary

@@ -94,6 +94,8 @@ class HybridDrafter(Drafter):
         ask = [r if w else replace(r, gamma=0) for r, w in zip(requests, wants, strict=True)]
         runs = any(r.gamma > 0 for r in ask)
         self._idle = 0 if runs else self._idle + 1
+        if not runs:  # most rounds where suffix drafts well: its proposal as it is (no merge, no DSpark call)
+            return self._suffix_only(requests, ps)
         with self.cost.model_call(runs):
             self._catch_up([r.slot for r in ask if r.gamma > 0])
             self.model.stop_below = self.stop_below
@@ -124,6 +126,16 @@ class HybridDrafter(Drafter):
                 self.suffix.not_taken(requests[i].slot)
         self.cost.drafted = any(n > 0 for n in num)
         return Proposal(tokens=tokens, num=num, probs=probs, confidence=conf, source=source)
+
+    def _suffix_only(self, requests: list[DraftRequest], ps: Proposal) -> Proposal:
+        """A round DSpark sits out: suffix's rows as drafted (the merge below would copy them one by one)."""
+        for r, n in zip(requests, ps.num, strict=True):
+            if n > 0 and r.gamma > 0:
+                self._took[r.slot] = "suffix"
+            elif n == 0:
+                self.suffix.not_taken(r.slot)
+        self.cost.drafted = any(n > 0 for n in ps.num)
+        return replace(ps, source=["suffix" if n > 0 else "dspark" for n in ps.num])
 
     def _model_rows(self, e_s: list[float], block: bool) -> list[bool]:
         """Which requests DSpark drafts this round, suffix expecting e_s accepted tokens for each. Its forward is one

@@ -218,17 +218,46 @@ def build_model(cfg: TrainConfig, target: LeanModel) -> DSparkDraftModel:
     return DSparkDraftModel(dcfg, target.embed, target.lm_head).to(target.device)
 
 
+@dataclass
+class WarmStart:
+    """A committed drafter's weights that a new training run starts from (`train-drafter --init-from`)."""
+
+    state: dict[str, torch.Tensor]  # its parameters, in the training model's names (fp32)
+    source: dict[str, Any]  # what it was: folder name, steps, trained_at, the data it trained on (config.json)
+
+
+def warm_start(folder: Path, target: LeanModel, cfg: TrainConfig) -> WarmStart:
+    """The drafter in `folder` as the start of a new run of `cfg`; one line where its shape is not `cfg`'s."""
+    from dspark_core.drafters.dspark_layout import load_drafter
+
+    got = load_drafter(folder, target)
+    want = build_model(cfg, target).cfg
+    keys = ("head", "block_size", "num_layers", "markov_rank", "intermediate_size", "target_layers", "mask_token_id")
+    diff = [f"{k} {getattr(got.cfg, k)} (this run: {getattr(want, k)})" for k in keys
+            if getattr(got.cfg, k) != getattr(want, k)]
+    if diff:
+        raise DSparkError(f"--init-from {folder}: a drafter of another shape: {', '.join(diff)}; pass the options "
+                          "it was trained with")
+    extra = got.cfg.extra or {}
+    trained = extra.get("train") or {}
+    source = {"drafter": Path(folder).name, "steps": trained.get("steps"), "trained_at": extra.get("trained_at"),
+              "data": extra.get("data", [])}
+    return WarmStart({k: v.float() for k, v in got.state_dict().items()}, source)
+
+
 def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Path,
                   on_step: Callable[[int, dict[str, float]], None] | None = None,
                   state_dir: Path | None = None, deadline: float | None = None,
                   on_eval: Callable[[int, DSparkDraftModel], None] | None = None,
-                  eval_every: int = 0, data_recipe: dict[str, Any] | None = None) -> DSparkDraftModel:
+                  eval_every: int = 0, data_recipe: dict[str, Any] | None = None,
+                  init: WarmStart | None = None) -> DSparkDraftModel:
     """Train (or resume) a drafter; the final drafter (fp16) goes to `out`, resumable checkpoints to
     `state_dir` (default `out`). With `deadline` (a time.time() value) training stops after the step that
     crosses it, checkpoints, and saves the drafter as it is (a rerun continues the schedule). `on_eval(step,
     model)` runs every `eval_every` steps (the model in eval mode): the training curve. `data_recipe`: how `data`
     was made; the checkpoint keeps one entry per recipe trained on, from the step it began (a resumed run may
-    train on other data), and the drafter's config.json records them."""
+    train on other data), and the drafter's config.json records them. `init`: weights to start from where no
+    checkpoint is (a new schedule from step 0); the checkpoint and config.json record what they were."""
     out.mkdir(parents=True, exist_ok=True)
     state_dir = state_dir or out
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -248,6 +277,12 @@ def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Pat
         start = int(state["step"])
         legs = list(state.get("data_legs", []))
         gen.set_state(state["generator"])
+        origin = state.get("init_from")
+    elif init is not None:
+        model.load_state_dict(init.state)
+        origin = init.source
+    else:
+        origin = None
     if data_recipe is not None and (not legs or legs[-1]["recipe"] != data_recipe):
         legs.append({"from_step": start, "recipe": data_recipe})
     g = cfg.block_size
@@ -284,7 +319,8 @@ def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Pat
         late = deadline is not None and time.time() > deadline
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps or late:
             _save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
-                          "generator": gen.get_state(), "config": asdict(cfg), "data_legs": legs}, state_path)
+                          "generator": gen.get_state(), "config": asdict(cfg), "data_legs": legs,
+                          **({"init_from": origin} if origin else {})}, state_path)
         if on_eval and eval_every and (step + 1) % eval_every == 0:
             model.eval()
             on_eval(step + 1, model)
@@ -295,6 +331,8 @@ def train_drafter(target: LeanModel, data: TrainData, cfg: TrainConfig, out: Pat
     model.cfg.extra.update({"train": asdict(cfg), "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     if legs:
         model.cfg.extra["data"] = legs
+    if origin:
+        model.cfg.extra["init_from"] = origin
     save_drafter(model, out, target_layers=target.arch.num_hidden_layers,
                  max_positions=target.arch.max_position_embeddings)
     return model

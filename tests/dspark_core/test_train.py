@@ -7,6 +7,7 @@ import torch
 from conftest import random_model
 
 from dspark_core.drafters.dspark_layout import load_drafter
+from dspark_core.errors import DSparkError
 from dspark_core.training.train import (
     STATE_FILE,
     LossWeights,
@@ -19,6 +20,7 @@ from dspark_core.training.train import (
     generate_continuations,
     position_weights,
     train_drafter,
+    warm_start,
 )
 
 
@@ -156,6 +158,21 @@ def test_resume_reproduces_an_uninterrupted_run(target, data, tmp_path) -> None:
     resumed = train_drafter(target, data, cfg, tmp_path / "b")
     for (k, v1), (_, v2) in zip(straight.state_dict().items(), resumed.state_dict().items(), strict=True):
         torch.testing.assert_close(v1, v2, msg=k)
+
+
+def test_warm_start_begins_at_the_drafters_weights_and_records_it(target, data, tmp_path) -> None:
+    first = train_drafter(target, data, _cfg(steps=20), tmp_path / "a", data_recipe={"seed": 0})
+    init = warm_start(tmp_path / "a", target, _cfg(steps=20, lr=0.0))
+    assert init.source["drafter"] == "a" and init.source["steps"] == 20
+    assert init.source["data"][0]["recipe"] == {"seed": 0}
+    # lr 0: the new run's drafter is the one it started from (within the fp16 the folder stores)
+    again = train_drafter(target, data, _cfg(steps=3, lr=0.0), tmp_path / "b", init=init, data_recipe={"seed": 1})
+    for (k, v1), (_, v2) in zip(first.state_dict().items(), again.state_dict().items(), strict=True):
+        torch.testing.assert_close(v1.float(), v2.float(), atol=2e-3, rtol=2e-3, msg=k)
+    extra = load_drafter(tmp_path / "b", target).cfg.extra
+    assert extra["init_from"]["drafter"] == "a" and extra["data"] == [{"from_step": 0, "recipe": {"seed": 1}}]
+    with pytest.raises(DSparkError, match="markov_rank 8 .this run: 16."):
+        warm_start(tmp_path / "a", target, _cfg(markov_rank=16))
 
 
 def test_deadline_stops_early_with_a_resumable_checkpoint(target, data, tmp_path) -> None:

@@ -100,6 +100,28 @@ def test_code_from_installed_packages_ending_at_def_lines(target_dir, tmp_path) 
     assert [leg["from_step"] for leg in legs] == [0, 2] and "code_source" not in legs[1]["recipe"]
 
 
+def test_init_from_starts_a_new_run_at_a_drafters_weights(target_dir, tmp_path) -> None:
+    runner = CliRunner()
+    base = ["train-drafter", "--head", "markov", "--target", str(target_dir), "--block-size", "4", "--layers", "1",
+            "--rank", "8", "--batch-seqs", "4", "--anchors", "2", "--sequences", "8", "--prompt-len", "8",
+            "--gen-len", "8", "--json"]
+    res = runner.invoke(_app(), [*base, "--out", str(tmp_path / "a"), "--state-dir", str(tmp_path / "sa"), "--steps",
+                                 "3"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(_app(), [*base, "--out", str(tmp_path / "b"), "--state-dir", str(tmp_path / "sb"), "--steps",
+                                 "2", "--seed", "1", "--init-from", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    extra = json.loads((tmp_path / "b" / "config.json").read_text())["dspark_tune"]["extra"]
+    assert extra["init_from"]["drafter"] == "a" and extra["init_from"]["steps"] == 3
+    assert extra["init_from"]["data"][0]["recipe"]["seed"] == 0 and extra["data"][0]["recipe"]["seed"] == 1
+    assert load_state(tmp_path / "sb" / "markov" / "train_state.pt")["init_from"]["drafter"] == "a"  # kept on resume
+    # another shape is refused before any data is made, naming what differs
+    res = runner.invoke(_app(), [*base[:-1], "--rank", "16", "--out", str(tmp_path / "c"), "--state-dir",
+                                 str(tmp_path / "sc"), "--init-from", str(tmp_path / "a")])
+    assert isinstance(res.exception, DSparkError) and "markov_rank 8 (this run: 16)" in str(res.exception)
+    assert not (tmp_path / "sc" / "train_data.pt").exists()
+
+
 def test_bad_options_are_user_errors(target_dir, tmp_path) -> None:
     runner = CliRunner()
     res = runner.invoke(_app(), ["train-drafter", "--code-source", "github", "--target", str(target_dir),
