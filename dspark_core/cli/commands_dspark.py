@@ -240,7 +240,18 @@ def train_drafter_cmd(
                                chat_fraction=chat_fraction, code_source=code_source, def_fraction=def_fraction,
                                on_rows=on_rows)
             task = progress.add_task("target states", total=data.tokens.shape[0], loss=float("nan"), acc=float("nan"))
-            data = cache_target(tgt, data, layers, on_batch=lambda n: progress.update(task, advance=n))
+            started, written = time.time(), [0]
+
+            def on_batch(n: int) -> None:
+                progress.update(task, advance=n)
+                written[0] += n
+                total = data.tokens.shape[0]
+                if not progress.console.is_terminal and (written[0] * 8 // total > (written[0] - n) * 8 // total
+                                                         or written[0] == total):  # eight lines in logs
+                    left = (time.time() - started) / written[0] * (total - written[0])
+                    progress.console.print(f"target states: {written[0]}/{total} rows, about {left / 60:.0f} min left")
+
+            data = cache_target(tgt, data, layers, on_batch=on_batch)
             atomic_write(data_file, lambda tmp: torch.save({"meta": meta, "data": data}, tmp))
         task = progress.add_task(f"train {head}", total=steps, loss=float("nan"), acc=float("nan"))
         ema: dict[str, float] = {}

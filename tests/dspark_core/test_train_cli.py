@@ -86,7 +86,8 @@ def test_code_from_installed_packages_ending_at_def_lines(target_dir, tmp_path) 
     assert res.exit_code == 0, res.output
     meta = load_state(state / "train_data.pt")["meta"]
     assert meta["code_source"] == "site" and meta["def_fraction"] == 0.5  # a cache of another recipe is not reused
-    assert "target continuations: 8/8 rows" in res.stderr  # the long pass leaves a progress trail in logs
+    assert "target continuations: 8/8 rows" in res.stderr  # the long passes leave a progress trail in logs
+    assert "target states: 8/8 rows" in res.stderr
     legs = json.loads((tmp_path / "d" / "config.json").read_text())["dspark_tune"]["extra"]["data"]
     recipe = legs[0]["recipe"]
     assert recipe["code_source"] == "site" and recipe["sequences"] == 8 and "target" not in recipe  # reproducible
