@@ -21,8 +21,9 @@ HEADS = ("none", "markov", "rnn")
 
 
 def register(app: typer.Typer) -> None:
-    """Add `train-drafter` and `calibrate` to the root app."""
+    """Add `train-drafter`, `average-drafters` and `calibrate` to the root app."""
     app.command("train-drafter")(train_drafter_cmd)
+    app.command("average-drafters")(average_drafters_cmd)
     app.command("calibrate")(calibrate_cmd)
 
 
@@ -289,6 +290,37 @@ def train_drafter_cmd(
         lines.append(f"note: {' and '.join(stale)} in {folder} describe the previous weights; rerun `calibrate` "
                      "(and `bench --record-acceptance`) before deploying this drafter")
     _emit(result, as_json, lines)
+
+
+def average_drafters_cmd(
+    first: Annotated[Path, typer.Option(help="A drafter folder.")],
+    second: Annotated[Path, typer.Option(help="A drafter folder of the same shape (its config is kept).")],
+    out: Annotated[Path, typer.Option(help="Output folder (a drafter folder this tool wrote, or a new one).")],
+    weight: Annotated[float, typer.Option(help="The first drafter's share (0-1, exclusive).")] = 0.5,
+    target: Annotated[str, typer.Option(help="Target checkpoint: a folder (HF format) or a fetched model "
+                                         "(smollm2-135m).")] = str(ASSETS / "target"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
+) -> None:
+    """Average two drafters of one shape weight by weight (one warm-started from the other: `--init-from`)."""
+    from dspark_core.modeling.checkpoint import checkpoint_folder
+
+    target = checkpoint_folder(target)
+    from dspark_core.drafters.draft_vocab import check_writable
+    from dspark_core.drafters.dspark_layout import ENGINE_CONFIG, is_drafter, save_drafter
+    from dspark_core.training.average import average_drafters
+
+    if (out / ENGINE_CONFIG).exists() and not is_drafter(out):
+        raise DSparkError(f"{out} holds a {ENGINE_CONFIG} that is not a drafter's; pick another --out")
+    check_writable(out)
+    tgt = _load_target(target, "cpu", "fp32")
+    model = average_drafters(first, second, weight, tgt)
+    save_drafter(model, out, target_layers=tgt.arch.num_hidden_layers, max_positions=tgt.arch.max_position_embeddings)
+    stale = [str(out / n) for n in ("sts.json", "acceptance.json") if (out / n).is_file()]
+    lines = [f"{weight:g} x {first} + {1 - weight:g} x {second} -> {out}"]
+    if stale:
+        lines.append(f"note: {' and '.join(stale)} describe the weights replaced; rerun `calibrate` (and `bench "
+                     "--record-acceptance`) before deploying this drafter")
+    _emit({"out": str(out), "weight": weight, "stale": stale}, as_json, lines)
 
 
 def calibrate_cmd(

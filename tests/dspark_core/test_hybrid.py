@@ -298,3 +298,44 @@ def test_the_timer_leaves_a_compiling_forward_out_of_the_drafters_price(monkeypa
     t.round_starts()
     assert t.round_s == pytest.approx(0.020)  # the forwards' time is never a round's
     assert t.share() == pytest.approx(t.model_s / 0.020)
+
+
+class _Proposer(Drafter):
+    """Drafts `gamma` tokens of one confidence for every request (a stand-in for either proposer)."""
+
+    def __init__(self, conf: float) -> None:
+        self.conf, self.calls = conf, 0
+
+    def reset(self, slot: int, prompt: list[int], hidden: torch.Tensor | None) -> None:
+        return None
+
+    def propose(self, requests: list[DraftRequest]) -> Proposal:
+        self.calls += any(r.gamma > 0 for r in requests)
+        g = max(r.gamma for r in requests)
+        return Proposal(torch.zeros(len(requests), g, dtype=torch.long), [r.gamma for r in requests],
+                        confidence=torch.full((len(requests), g), self.conf))
+
+    def update(self, results: list[RoundResult]) -> None:
+        return None
+
+    def not_taken(self, slot: int) -> None:
+        return None
+
+
+def test_the_model_drafts_beside_suffix_only_as_often_as_its_drafts_are_taken() -> None:
+    """DSpark's forward gains tokens only where its draft beats suffix's: a model whose draft loses to suffix's
+    (confidence 0.05 against 0.15) sees its taken share fall, and with it the rows it drafts beside a weak suffix
+    draft (gain 0.5, forward 0.15 of a round, suffix expecting ~0.18); the rounds after take suffix's as it is."""
+    model, suffix = _Proposer(0.05), _Proposer(0.15)
+    hybrid = HybridDrafter(model, suffix)  # type: ignore[arg-type]
+    hybrid.gain = 0.5
+    hybrid.cost.share = lambda: 0.15  # type: ignore[method-assign]
+    e_s = [expected_accepted([0.15] * 4)]
+    assert hybrid._model_rows(e_s, block=True) == [True]  # taken share 1 (the prior): 0.32 tokens beat 0.18
+    req = DraftRequest(slot=0, tokens=[1, 2, 3], gamma=4, sampling=SamplingParams(), prompt_len=3)
+    for _ in range(10):
+        p = hybrid.propose([req])
+        assert p.source == ["suffix"]
+        hybrid.update([RoundResult(slot=0, proposed=4, verified=4, accepted=0, new_tokens=[5])])
+    assert model.calls == 1 and hybrid.taken == 0.5  # one loss halves the share (the prior weighs one row)
+    assert hybrid._model_rows(e_s, block=True) == [False]  # 0.16 tokens no longer beat 0.18: left out

@@ -175,6 +175,25 @@ def test_warm_start_begins_at_the_drafters_weights_and_records_it(target, data, 
         warm_start(tmp_path / "a", target, _cfg(markov_rank=16))
 
 
+def test_average_of_two_drafters_is_their_mean_and_refuses_other_shapes(target, data, tmp_path) -> None:
+    from dspark_core.drafters.dspark_layout import save_drafter
+    from dspark_core.training.average import average_drafters
+
+    a = train_drafter(target, data, _cfg(steps=4), tmp_path / "a")
+    b = train_drafter(target, data, _cfg(steps=4, seed=1), tmp_path / "b")
+    mean = average_drafters(tmp_path / "a", tmp_path / "b", 0.25, target)
+    for (k, va), (_, vb), (_, vm) in zip(a.state_dict().items(), b.state_dict().items(), mean.state_dict().items(),
+                                         strict=True):
+        torch.testing.assert_close(vm.float(), 0.25 * va.float() + 0.75 * vb.float(), atol=2e-3, rtol=2e-3, msg=k)
+    save_drafter(mean, tmp_path / "m")
+    assert load_drafter(tmp_path / "m", target).cfg.extra["averaged"]["first"]["drafter"] == "a"
+    train_drafter(target, data, _cfg(steps=2, markov_rank=4), tmp_path / "c")
+    with pytest.raises(DSparkError, match="markov_rank 8 / 4"):
+        average_drafters(tmp_path / "a", tmp_path / "c", 0.5, target)
+    with pytest.raises(DSparkError, match="strictly between 0 and 1"):
+        average_drafters(tmp_path / "a", tmp_path / "b", 1.0, target)
+
+
 def test_deadline_stops_early_with_a_resumable_checkpoint(target, data, tmp_path) -> None:
     steps: list[int] = []
     train_drafter(target, data, _cfg(steps=50), tmp_path, on_step=lambda s, _st: steps.append(s), deadline=0.0)
