@@ -38,6 +38,22 @@ def _emit(obj: dict[str, Any], as_json: bool, lines: list[str]) -> None:
             console.print(line)
 
 
+def _trail(progress: Any, what: str, total: int) -> Any:
+    """A progress task of `total` rows and its callback (rows done since the last call); where the bar is not drawn
+    (logs), it prints about eight lines with the minutes left, the last at `total`."""
+    task = progress.add_task(what, total=total, loss=float("nan"), acc=float("nan"))
+    started, done = time.time(), [0]
+
+    def advance(n: int) -> None:
+        progress.update(task, advance=n)
+        done[0] += n
+        if not progress.console.is_terminal and (done[0] * 8 // total > (done[0] - n) * 8 // total
+                                                 or done[0] == total):
+            left = (time.time() - started) / done[0] * (total - done[0])
+            progress.console.print(f"{what}: {done[0]}/{total} rows, about {left / 60:.0f} min left")
+    return advance
+
+
 def _load_target(path: Path, device: str, dtype: str = "fp32") -> Any:
     import torch
 
@@ -225,33 +241,12 @@ def train_drafter_cmd(
                 progress.console.print(f"target continuations: {sequences} rows of {prompt_len} + {gen_len} tokens "
                                        f"(chat share {chat_fraction}, code from {code_source}, def-ending share "
                                        f"{def_fraction}), then the target's states")
-            task = progress.add_task("target continuations", total=sequences, loss=float("nan"), acc=float("nan"))
-            started, written = time.time(), [0]
-
-            def on_rows(n: int) -> None:
-                progress.update(task, advance=n)
-                written[0] += n
-                if not progress.console.is_terminal:  # a visible trail in logs: the bar is not drawn there
-                    left = (time.time() - started) / written[0] * (sequences - written[0])
-                    progress.console.print(f"target continuations: {written[0]}/{sequences} rows, about "
-                                           f"{left / 60:.0f} min left")
-
+            on_rows = _trail(progress, "target continuations", sequences)
             data = target_data(tgt, target, sequences=sequences, prompt_len=prompt_len, gen_len=gen_len,
                                greedy_fraction=greedy_fraction, temperature=temperature, seed=seed, heldout=False,
                                chat_fraction=chat_fraction, code_source=code_source, def_fraction=def_fraction,
                                on_rows=on_rows)
-            task = progress.add_task("target states", total=data.tokens.shape[0], loss=float("nan"), acc=float("nan"))
-            started, written = time.time(), [0]
-
-            def on_batch(n: int) -> None:
-                progress.update(task, advance=n)
-                written[0] += n
-                total = data.tokens.shape[0]
-                if not progress.console.is_terminal and (written[0] * 8 // total > (written[0] - n) * 8 // total
-                                                         or written[0] == total):  # eight lines in logs
-                    left = (time.time() - started) / written[0] * (total - written[0])
-                    progress.console.print(f"target states: {written[0]}/{total} rows, about {left / 60:.0f} min left")
-
+            on_batch = _trail(progress, "target states", data.tokens.shape[0])
             data = cache_target(tgt, data, layers, on_batch=on_batch)
             atomic_write(data_file, lambda tmp: torch.save({"meta": meta, "data": data}, tmp))
         task = progress.add_task(f"train {head}", total=steps, loss=float("nan"), acc=float("nan"))

@@ -19,20 +19,16 @@ if TYPE_CHECKING:
     from dspark_core.drafters.dspark import DSparkDraftModel
     from dspark_core.modeling.model import LeanModel
 
-SHAPE_KEYS = ("head", "block_size", "num_layers", "markov_rank", "intermediate_size", "target_layers",
-              "mask_token_id", "vocab_size", "hidden_size")  # what two averaged drafters must share
-
-
 def average_drafters(first: Path, second: Path, weight: float, target: LeanModel) -> DSparkDraftModel:
     """`weight` x the drafter in `first` + (1 - weight) x the one in `second`, with the second's config; its
     config's extra records both and the weight."""
     from dspark_core.drafters.dspark_layout import load_drafter
+    from dspark_core.training.train import shape_diff
 
     if not 0.0 < weight < 1.0:
         raise DSparkError(f"--weight {weight}: give the first drafter's share, strictly between 0 and 1")
     a, b = load_drafter(first, target), load_drafter(second, target)
-    diff = [f"{k} {getattr(a.cfg, k)} / {getattr(b.cfg, k)}" for k in SHAPE_KEYS
-            if getattr(a.cfg, k) != getattr(b.cfg, k)]
+    diff = shape_diff(a.cfg, b.cfg)
     if diff:
         raise DSparkError(f"{first} and {second} are drafters of other shapes ({', '.join(diff)}): only drafters of "
                           "one shape average")

@@ -154,8 +154,9 @@ def score(w: torch.Tensor, rows: SuffixRows, keep: set[int], w_no_tree: torch.Te
 
 
 def _fit(seqs: list[tuple[list[int], int]], drafter: SuffixDrafter, gamma: int
-         ) -> tuple[torch.Tensor, SuffixRows]:
-    """Simulate (from an empty global tree), then fit on the rows of the first half of the sequences."""
+         ) -> tuple[torch.Tensor, SuffixRows, list[int]]:
+    """Simulate (from an empty global tree), then fit on the rows of the first half of the sequences; the weights,
+    the rows and which of them were fitted on."""
     drafter.forget()
     rows = suffix_rounds(seqs, drafter, gamma)
     half = len(seqs) // 2
@@ -166,18 +167,17 @@ def _fit(seqs: list[tuple[list[int], int]], drafter: SuffixDrafter, gamma: int
     w = fit_logistic(torch.tensor([rows.x[i] for i in fit]), torch.tensor([rows.y[i] for i in fit]))
     if not all(math.isfinite(v) for v in w.tolist()):
         raise ValueError("the fit diverged; use more sequences")
-    return w, rows
+    return w, rows, fit
 
 
 def fit_calibration(seqs: list[tuple[list[int], int]], drafter: SuffixDrafter, gamma: int,
                     fitted_on: dict) -> SuffixCalibration:
     """Simulate and fit twice (the second pass's rounds pick trees by the first fit), score on the second half."""
     drafter.calibration = None  # the first pass picks by the raw ratios
-    w, _ = _fit(seqs, drafter, gamma)
+    w, _, _ = _fit(seqs, drafter, gamma)
     drafter.calibration = SuffixCalibration(features=list(FEATURES), weights=w.tolist())
-    w, rows = _fit(seqs, drafter, gamma)
+    w, rows, fit = _fit(seqs, drafter, gamma)
     half = len(seqs) // 2
-    fit = [i for i, s in enumerate(rows.sequence) if s < half]
     w_no_tree = fit_logistic(torch.tensor([rows.x[i][:NO_TREE] for i in fit]), torch.tensor([rows.y[i] for i in fit]))
     fitted = score(w, rows, set(range(half)), w_no_tree)
     held = score(w, rows, set(range(half, len(seqs))), w_no_tree)

@@ -205,6 +205,22 @@ def load_state(path: Path, mmap: bool = False) -> dict:
 
 def build_model(cfg: TrainConfig, target: LeanModel) -> DSparkDraftModel:
     """A fresh drafter for `target` sized by `cfg`."""
+    dcfg = draft_config(cfg, target)
+    torch.manual_seed(cfg.seed)
+    return DSparkDraftModel(dcfg, target.embed, target.lm_head).to(target.device)
+
+
+SHAPE_KEYS = ("head", "block_size", "num_layers", "markov_rank", "intermediate_size", "target_layers",
+              "mask_token_id", "vocab_size", "hidden_size")  # what makes one drafter's weights fit another's
+
+
+def shape_diff(a: DraftConfig, b: DraftConfig) -> list[str]:
+    """`key a / b` for each SHAPE_KEYS field the two drafter configs differ in."""
+    return [f"{k} {getattr(a, k)} / {getattr(b, k)}" for k in SHAPE_KEYS if getattr(a, k) != getattr(b, k)]
+
+
+def draft_config(cfg: TrainConfig, target: LeanModel) -> DraftConfig:
+    """The architecture `cfg` trains for `target`."""
     over: dict[str, object] = dict(head=cfg.head, block_size=cfg.block_size, num_layers=cfg.num_layers,
                                    markov_rank=cfg.markov_rank)
     if cfg.intermediate_size:
@@ -213,9 +229,7 @@ def build_model(cfg: TrainConfig, target: LeanModel) -> DSparkDraftModel:
         over["target_layers"] = list(cfg.target_layers)
     if cfg.mask_token_id is not None:
         over["mask_token_id"] = cfg.mask_token_id
-    dcfg = DraftConfig.for_target(target.arch, **over)
-    torch.manual_seed(cfg.seed)
-    return DSparkDraftModel(dcfg, target.embed, target.lm_head).to(target.device)
+    return DraftConfig.for_target(target.arch, **over)
 
 
 @dataclass
@@ -231,13 +245,10 @@ def warm_start(folder: Path, target: LeanModel, cfg: TrainConfig) -> WarmStart:
     from dspark_core.drafters.dspark_layout import load_drafter
 
     got = load_drafter(folder, target)
-    want = build_model(cfg, target).cfg
-    keys = ("head", "block_size", "num_layers", "markov_rank", "intermediate_size", "target_layers", "mask_token_id")
-    diff = [f"{k} {getattr(got.cfg, k)} (this run: {getattr(want, k)})" for k in keys
-            if getattr(got.cfg, k) != getattr(want, k)]
+    diff = shape_diff(got.cfg, draft_config(cfg, target))
     if diff:
-        raise DSparkError(f"--init-from {folder}: a drafter of another shape: {', '.join(diff)}; pass the options "
-                          "it was trained with")
+        raise DSparkError(f"--init-from {folder}: a drafter of another shape ({', '.join(diff)}: its / this run's); "
+                          "pass the options it was trained with")
     extra = got.cfg.extra or {}
     trained = extra.get("train") or {}
     source = {"drafter": Path(folder).name, "steps": trained.get("steps"), "trained_at": extra.get("trained_at"),

@@ -119,7 +119,7 @@ def test_init_from_starts_a_new_run_at_a_drafters_weights(target_dir, tmp_path) 
     # another shape is refused before any data is made, naming what differs
     res = runner.invoke(_app(), [*base[:-1], "--rank", "16", "--out", str(tmp_path / "c"), "--state-dir",
                                  str(tmp_path / "sc"), "--init-from", str(tmp_path / "a")])
-    assert isinstance(res.exception, DSparkError) and "markov_rank 8 (this run: 16)" in str(res.exception)
+    assert isinstance(res.exception, DSparkError) and "markov_rank 8 / 16" in str(res.exception)
     assert not (tmp_path / "sc" / "train_data.pt").exists()
 
 
